@@ -1,0 +1,136 @@
+"""Small real TorchRec models and distributed checks shared by the tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+class SparseArch(nn.Module):
+    def __init__(self, tables: list[EmbeddingBagConfig]) -> None:
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+
+
+class TwoTowerLike(nn.Module):
+    """Two EBCs at different attribute paths, one nested two levels deep."""
+
+    def __init__(self, tables_a: list[EmbeddingBagConfig], tables_b: list[EmbeddingBagConfig]):
+        super().__init__()
+        self.user = SparseArch(tables_a)
+        self.item_ebc = EmbeddingBagCollection(tables=tables_b, device=torch.device("cpu"))
+
+    def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        out = {}
+        for kt in (self.user.ebc(kjt), self.item_ebc(kjt)):
+            out.update(kt.to_dict())
+        return out
+
+
+def configs(dims: dict[str, int], rows: int = 40) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=rows, feature_names=[f"f_{n}"])
+        for n, d in dims.items()
+    ]
+
+
+def two_tower(seed: int = 0) -> TwoTowerLike:
+    torch.manual_seed(seed)
+    return TwoTowerLike(configs({"a0": 64, "a1": 16}), configs({"b0": 32, "b1": 8}))
+
+
+def random_kjt(model: nn.Module, batch: int, seed: int, rows: int = 40) -> KeyedJaggedTensor:
+    from torchrec_neuroshard.tables import find_embedding_bag_collections
+
+    g = torch.Generator().manual_seed(seed)
+    keys = [
+        f
+        for ebc in find_embedding_bag_collections(model).values()
+        for c in ebc.embedding_bag_configs()
+        for f in c.feature_names
+    ]
+    lengths = torch.randint(0, 4, (len(keys) * batch,), generator=g)
+    values = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+
+
+def copy_into_sharded(dmp: nn.Module, reference: nn.Module) -> None:
+    """Copy the reference's full table weights into the DMP's local shards."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    ref = {k.removeprefix("module."): v for k, v in reference.state_dict().items()}
+    with torch.no_grad():
+        for key, value in dmp.state_dict().items():
+            full = ref[key.removeprefix("module.").removeprefix("_dmp_wrapped_module.")]
+            if isinstance(value, ShardedTensor):
+                for shard in value.local_shards():
+                    r0, c0 = shard.metadata.shard_offsets
+                    nr, nc = shard.metadata.shard_sizes
+                    shard.tensor.copy_(full[r0 : r0 + nr, c0 : c0 + nc])
+            else:
+                value.copy_(full)
+
+
+def shard_and_compare(rank: int, world_size: int, plan_dict: dict) -> dict:
+    """Worker: shard ``two_tower`` with the plan, compare pooled outputs to the reference
+    by key, run backward (fused SGD updates the shards), return what a test checks."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from torchrec_neuroshard.sharding import to_torchrec
+    from torchrec_neuroshard.types import Plan
+
+    reference = two_tower()
+    model = two_tower()
+    plan = to_torchrec(Plan.from_dict(plan_dict), model, device_type="cpu")
+    dmp = DistributedModelParallel(
+        model,
+        device=torch.device("cpu"),
+        plan=plan,
+        sharders=[EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.1})],
+    )
+    copy_into_sharded(dmp, reference)
+    kjt = random_kjt(reference, batch=8 * world_size, seed=1)
+    want = reference(kjt)
+    # Each rank feeds its slice of the global batch; pooled outputs come back per rank.
+    local = random_kjt_slice(kjt, rank, world_size)
+    got = dmp(local)
+    got = got.wait() if hasattr(got, "wait") else got
+    lo, hi = rank * 8, (rank + 1) * 8
+    max_err = max(float((got[k] - want[k][lo:hi]).abs().max()) for k in want)
+    before = {k: v.clone() for k, v in _local_weights(dmp).items()}
+    loss = sum(v.sum() for v in got.values())
+    loss.backward()
+    after = _local_weights(dmp)
+    changed = sum(int(not torch.equal(before[k], after[k])) for k in before)
+    return {"keys": sorted(got), "max_err": max_err, "changed": changed, "shards": len(before)}
+
+
+def random_kjt_slice(kjt: KeyedJaggedTensor, rank: int, world_size: int) -> KeyedJaggedTensor:
+    """Rows [rank*b, (rank+1)*b) of every feature of ``kjt`` (b = batch / world size)."""
+    b = kjt.stride() // world_size
+    per_key = kjt.to_dict()
+    keys = kjt.keys()
+    values, lengths = [], []
+    for k in keys:
+        jt = per_key[k]
+        off = jt.offsets()
+        values.append(jt.values()[off[rank * b] : off[(rank + 1) * b]])
+        lengths.append(jt.lengths()[rank * b : (rank + 1) * b])
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys, values=torch.cat(values), lengths=torch.cat(lengths)
+    )
+
+
+def _local_weights(dmp: nn.Module) -> dict[str, torch.Tensor]:
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    out = {}
+    for key, value in dmp.state_dict().items():
+        if isinstance(value, ShardedTensor):
+            for i, shard in enumerate(value.local_shards()):
+                out[f"{key}/{i}"] = shard.tensor.detach().clone()
+    return out

@@ -1,0 +1,372 @@
+"""Plain data every stage speaks: tables, tasks, plans, and the cost-model interface.
+
+Data flows one way: ``TableSpec``/``Task`` -> cost model -> search -> ``Plan`` -> TorchRec.
+Everything here is a small frozen dataclass or an abstract interface; no stage keeps state
+between calls.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+NUM_ACCESS_BINS = 17
+"""Access-histogram bins: counts in (0,1], (1,2], (2,4], ..., (16384,32768], >32768."""
+
+WIDTH_ALIGNMENT = 4
+"""FBGEMM's fused kernels need every shard width to be a multiple of this."""
+
+
+class ShardingError(ValueError):
+    """A task, a plan or a TorchRec input that cannot be turned into a valid sharding."""
+
+
+class InfeasibleError(ShardingError):
+    """No placement satisfies the memory cap."""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table as the cost model sees it.
+
+    Attributes:
+        name: unique table name (TorchRec's ``EmbeddingBagConfig.name``).
+        rows: number of embedding rows.
+        dim: embedding width (columns); a multiple of 4.
+        pooling_factor: mean number of lookups per bag (per sample) for this table.
+        access_hist: 17 fractions summing to 1: share of the table's *unique* indices in one
+            batch whose access count falls in (0,1], (1,2], (2,4], ..., >32768. Depends on the
+            batch size it was measured at (``Task.batch_size``).
+        bytes_per_element: 4 for fp32 weights, 2 for fp16.
+        feature_names: the KJT feature keys that look this table up.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    pooling_factor: float
+    access_hist: tuple[float, ...]
+    bytes_per_element: int = 4
+    feature_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ShardingError("a table has an empty name")
+        if self.rows <= 0:
+            raise ShardingError(f"table {self.name!r}: rows must be positive, got {self.rows}")
+        if self.dim <= 0 or self.dim % WIDTH_ALIGNMENT:
+            padded = max(WIDTH_ALIGNMENT, math.ceil(self.dim / WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT)
+            raise ShardingError(
+                f"table {self.name!r}: dim {self.dim} is not a positive multiple of "
+                f"{WIDTH_ALIGNMENT}; FBGEMM's fused kernels need that. Pad it to {padded}."
+            )
+        if self.pooling_factor < 0 or not math.isfinite(self.pooling_factor):
+            raise ShardingError(
+                f"table {self.name!r}: pooling factor must be finite and >= 0, "
+                f"got {self.pooling_factor}"
+            )
+        if len(self.access_hist) != NUM_ACCESS_BINS:
+            raise ShardingError(
+                f"table {self.name!r}: access_hist needs {NUM_ACCESS_BINS} bins, "
+                f"got {len(self.access_hist)}"
+            )
+        if self.bytes_per_element not in (1, 2, 4, 8):
+            raise ShardingError(
+                f"table {self.name!r}: bytes_per_element must be 1, 2, 4 or 8, "
+                f"got {self.bytes_per_element}"
+            )
+
+    def size_bytes(self, width: int | None = None) -> int:
+        """Weight bytes of the table, or of a column shard of ``width`` columns."""
+        return self.rows * (self.dim if width is None else width) * self.bytes_per_element
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> "TableSpec":
+        return TableSpec(
+            name=d["name"],
+            rows=int(d["rows"]),
+            dim=int(d["dim"]),
+            pooling_factor=float(d["pooling_factor"]),
+            access_hist=tuple(float(x) for x in d["access_hist"]),
+            bytes_per_element=int(d.get("bytes_per_element", 4)),
+            feature_names=tuple(d.get("feature_names", ())),
+        )
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A column shard: ``width`` columns of ``table`` (all of its rows)."""
+
+    table: TableSpec
+    width: int
+
+    @property
+    def size_bytes(self) -> int:
+        return self.table.size_bytes(self.width)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A sharding problem: tables, devices, a memory cap per device, a global batch size."""
+
+    tables: tuple[TableSpec, ...]
+    num_devices: int
+    memory_cap_bytes: int
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            raise ShardingError("the task has no tables")
+        names = [t.name for t in self.tables]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ShardingError(f"duplicate table names: {dup}; every table needs a unique name")
+        if self.num_devices < 1:
+            raise ShardingError(f"num_devices must be >= 1, got {self.num_devices}")
+        if self.memory_cap_bytes <= 0:
+            raise ShardingError(f"memory cap must be positive, got {self.memory_cap_bytes} bytes")
+        if self.batch_size < 1:
+            raise ShardingError(f"batch size must be >= 1, got {self.batch_size}")
+
+    def table(self, name: str) -> TableSpec:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "num_devices": self.num_devices,
+                "memory_cap_bytes": self.memory_cap_bytes,
+                "batch_size": self.batch_size,
+                "tables": [t.to_dict() for t in self.tables],
+            }
+        )
+
+    @staticmethod
+    def from_json(text: str) -> "Task":
+        d = json.loads(text)
+        return Task(
+            tables=tuple(TableSpec.from_dict(t) for t in d["tables"]),
+            num_devices=int(d["num_devices"]),
+            memory_cap_bytes=int(d["memory_cap_bytes"]),
+            batch_size=int(d["batch_size"]),
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @staticmethod
+    def load(path: str | Path) -> "Task":
+        return Task.from_json(Path(path).read_text())
+
+
+@dataclass(frozen=True)
+class TablePlacement:
+    """How one table is sharded: column widths (in column order) and each shard's device."""
+
+    table: str
+    widths: tuple[int, ...]
+    devices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.widths) != len(self.devices) or not self.widths:
+            raise ShardingError(
+                f"table {self.table!r}: {len(self.widths)} widths but {len(self.devices)} devices"
+            )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A column-wise sharding plan: one ``TablePlacement`` per table, ``num_devices`` devices.
+
+    A table with a single shard is table-wise; with several it is column-wise, uneven widths
+    allowed, and two shards of one table may share a device. ``data_parallel`` names tables
+    replicated on every device (only produced by ``from_torchrec`` for TorchRec's plans).
+    """
+
+    placements: tuple[TablePlacement, ...]
+    num_devices: int
+    data_parallel: tuple[str, ...] = field(default=())
+
+    def placement(self, table: str) -> TablePlacement:
+        for p in self.placements:
+            if p.table == table:
+                return p
+        raise KeyError(table)
+
+    def device_shards(self, tables: Sequence[TableSpec]) -> list[list[Shard]]:
+        """Shards on each device: ``result[d]`` lists the ``Shard``s on device ``d``."""
+        by_name = {t.name: t for t in tables}
+        out: list[list[Shard]] = [[] for _ in range(self.num_devices)]
+        for p in self.placements:
+            for w, d in zip(p.widths, p.devices):
+                out[d].append(Shard(by_name[p.table], w))
+        return out
+
+    def device_dims(self) -> list[int]:
+        """Sum of shard widths on each device (the pooled-embedding width it sends)."""
+        dims = [0] * self.num_devices
+        for p in self.placements:
+            for w, d in zip(p.widths, p.devices):
+                dims[d] += w
+        return dims
+
+    def device_memory(self, tables: Sequence[TableSpec]) -> list[int]:
+        """Weight bytes on each device, data-parallel replicas included."""
+        shards = self.device_shards(tables)
+        replicated = sum(t.size_bytes() for t in tables if t.name in self.data_parallel)
+        return [sum(s.size_bytes for s in ss) + replicated for ss in shards]
+
+    def validate(self, task: Task) -> None:
+        """Raise ``ShardingError`` naming the table and numbers for any violation."""
+        if self.num_devices != task.num_devices:
+            raise ShardingError(
+                f"plan has {self.num_devices} devices but the task has {task.num_devices}"
+            )
+        names = {t.name for t in task.tables}
+        seen: set[str] = set()
+        for p in self.placements:
+            if p.table not in names:
+                raise ShardingError(f"plan places unknown table {p.table!r}")
+            if p.table in seen or p.table in self.data_parallel:
+                raise ShardingError(f"plan places table {p.table!r} twice")
+            seen.add(p.table)
+            spec = task.table(p.table)
+            for w in p.widths:
+                if w <= 0 or w % WIDTH_ALIGNMENT:
+                    raise ShardingError(
+                        f"table {p.table!r}: shard width {w} is not a positive multiple of "
+                        f"{WIDTH_ALIGNMENT} (widths {list(p.widths)})"
+                    )
+            if sum(p.widths) != spec.dim:
+                raise ShardingError(
+                    f"table {p.table!r}: shard widths {list(p.widths)} sum to "
+                    f"{sum(p.widths)}, not the table's dim {spec.dim}"
+                )
+            for d in p.devices:
+                if not 0 <= d < self.num_devices:
+                    raise ShardingError(
+                        f"table {p.table!r}: device {d} out of range [0, {self.num_devices})"
+                    )
+        missing = sorted(names - seen - set(self.data_parallel))
+        if missing:
+            raise ShardingError(f"plan does not place tables {missing}")
+        for d, used in enumerate(self.device_memory(task.tables)):
+            if used > task.memory_cap_bytes:
+                on_dev = [
+                    p.table for p in self.placements if d in p.devices
+                ] + list(self.data_parallel)
+                raise InfeasibleError(
+                    f"device {d} holds {used:,} bytes, over the cap of "
+                    f"{task.memory_cap_bytes:,} bytes by {used - task.memory_cap_bytes:,} "
+                    f"(tables {on_dev})"
+                )
+
+    def to_dict(self) -> dict:
+        return {
+            "num_devices": self.num_devices,
+            "data_parallel": list(self.data_parallel),
+            "placements": [
+                {"table": p.table, "widths": list(p.widths), "devices": list(p.devices)}
+                for p in self.placements
+            ],
+        }
+
+    @staticmethod
+    def from_dict(d: dict) -> "Plan":
+        return Plan(
+            placements=tuple(
+                TablePlacement(p["table"], tuple(p["widths"]), tuple(p["devices"]))
+                for p in d["placements"]
+            ),
+            num_devices=int(d["num_devices"]),
+            data_parallel=tuple(d.get("data_parallel", ())),
+        )
+
+    def describe(self) -> str:
+        """One line per device: its shards as ``table[width]``."""
+        lines = []
+        per_dev: list[list[str]] = [[] for _ in range(self.num_devices)]
+        for p in self.placements:
+            for w, d in zip(p.widths, p.devices):
+                per_dev[d].append(f"{p.table}[{w}]")
+        dims = self.device_dims()
+        for d, items in enumerate(per_dev):
+            lines.append(f"device {d} (dim sum {dims[d]}): " + " ".join(items))
+        if self.data_parallel:
+            lines.append("data parallel: " + " ".join(self.data_parallel))
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class DeviceCost:
+    """Cost of one device in ms: fused-kernel compute and the pooled all-to-all."""
+
+    fwd_compute: float
+    bwd_compute: float
+    fwd_comm: float
+    bwd_comm: float
+
+    @property
+    def total(self) -> float:
+        return self.fwd_compute + self.bwd_compute + self.fwd_comm + self.bwd_comm
+
+
+class CostModel(abc.ABC):
+    """Predicts the costs the search optimises. Units: ms. Implementations are stateless."""
+
+    @abc.abstractmethod
+    def compute_cost(self, devices: Sequence[Sequence[Shard]]) -> list[tuple[float, float]]:
+        """(forward ms, backward ms) of one fused kernel per device, for a batch of devices.
+
+        ``devices[i]`` lists the shards of candidate device i; an empty list costs (0, 0).
+        """
+
+    @abc.abstractmethod
+    def comm_cost(
+        self, dims: Sequence[Sequence[int]], skews_ms: Sequence[Sequence[float]]
+    ) -> list[tuple[list[float], list[float]]]:
+        """Per-device (forward ms, backward ms) all-to-all costs, for a batch of plans.
+
+        ``dims[i]`` has one dim sum per device of plan i, ``skews_ms[i]`` each device's
+        forward-compute lateness (ms) relative to the earliest one.
+        """
+
+
+def plan_cost(model: CostModel, task: Task, plan: Plan) -> tuple[float, list[DeviceCost]]:
+    """Predicted embedding cost (ms): max over devices of compute + comm, and the breakdown."""
+    return plans_cost(model, task, [plan])[0]
+
+
+def plans_cost(
+    model: CostModel, task: Task, plans: Iterable[Plan]
+) -> list[tuple[float, list[DeviceCost]]]:
+    """``plan_cost`` for many plans with one batched call per cost head."""
+    plans = list(plans)
+    shards = [plan.device_shards(task.tables) for plan in plans]
+    flat = [dev for s in shards for dev in s]
+    compute = model.compute_cost(flat)
+    dims, skews, per_plan_compute = [], [], []
+    i = 0
+    for plan in plans:
+        c = compute[i : i + plan.num_devices]
+        i += plan.num_devices
+        per_plan_compute.append(c)
+        earliest = min(f for f, _ in c)
+        dims.append(plan.device_dims())
+        skews.append([f - earliest for f, _ in c])
+    comm = model.comm_cost(dims, skews)
+    out = []
+    for c, (fwd, bwd) in zip(per_plan_compute, comm):
+        devs = [DeviceCost(cf, cb, ff, fb) for (cf, cb), ff, fb in zip(c, fwd, bwd)]
+        out.append((max(d.total for d in devs), devs))
+    return out
