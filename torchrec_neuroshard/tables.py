@@ -160,3 +160,25 @@ def profile_batches(
     if any(not math.isfinite(v) for v in pooling.values()):
         raise ShardingError("profiling produced a non-finite pooling factor")
     return pooling, hists
+
+
+def module_for_tables(tables: Iterable[TableSpec], device: str = "meta") -> nn.Module:
+    """An ``EmbeddingBagCollection`` with one table (and one feature) per ``TableSpec``.
+
+    On "meta" it costs no memory: enough for planners, which only read configs.
+    """
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    dtypes = {4: DataType.FP32, 2: DataType.FP16, 1: DataType.INT8}
+    configs = [
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.dim,
+            num_embeddings=t.rows,
+            feature_names=list(t.feature_names) or [t.name],
+            data_type=dtypes.get(t.bytes_per_element, DataType.FP32),
+        )
+        for t in tables
+    ]
+    return EmbeddingBagCollection(tables=configs, device=torch.device(device))

@@ -1,0 +1,134 @@
+"""Baseline planners: the classic greedy heuristics and TorchRec's default planner.
+
+Every heuristic is the same greedy: sort tables by a cost key, descending; each table goes
+whole to the device with the smallest accumulated key that has memory room (ties to the
+device with less memory used). ``random`` picks a uniform device with room instead.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from torchrec_neuroshard.types import InfeasibleError, Plan, TablePlacement, TableSpec, Task
+
+CostKey = Callable[[TableSpec], float]
+
+HEURISTIC_KEYS: dict[str, CostKey] = {
+    "size": lambda t: float(t.size_bytes()),
+    "dim": lambda t: float(t.dim),
+    "lookup": lambda t: t.dim * t.pooling_factor,
+    "size_lookup": lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 2)),
+}
+BASELINES = ("random", *HEURISTIC_KEYS)
+
+
+def memory_shortfall_error(task: Task, table: TableSpec, free: list[int]) -> InfeasibleError:
+    """The error for a table that fits no device: names it, the bytes missing, and the
+    smallest per-device cap that could hold the largest table and the total."""
+    total = sum(t.size_bytes() for t in task.tables)
+    largest = max(t.size_bytes() for t in task.tables)
+    needed = max(largest, math.ceil(total / task.num_devices))
+    return InfeasibleError(
+        f"table {table.name!r} ({table.size_bytes():,} bytes) fits no device: the most free "
+        f"memory left is {max(free):,} bytes, {table.size_bytes() - max(free):,} short. "
+        f"Total {total:,} bytes over {task.num_devices} devices of {task.memory_cap_bytes:,}; "
+        f"a cap of at least {needed:,} bytes per device is needed (more devices, a larger "
+        "cap, or column/row splits of the largest tables)."
+    )
+
+
+def greedy_plan(task: Task, key: CostKey) -> Plan:
+    """Whole tables, heaviest key first, each to the lightest device with room."""
+    load = [0.0] * task.num_devices
+    used = [0] * task.num_devices
+    placements = []
+    for t in sorted(task.tables, key=key, reverse=True):
+        size = t.size_bytes()
+        fits = [d for d in range(task.num_devices) if used[d] + size <= task.memory_cap_bytes]
+        if not fits:
+            raise memory_shortfall_error(task, t, [task.memory_cap_bytes - u for u in used])
+        d = min(fits, key=lambda d: (load[d], used[d]))
+        load[d] += key(t)
+        used[d] += size
+        placements.append(TablePlacement(t.name, (t.dim,), (d,)))
+    return Plan(tuple(placements), task.num_devices)
+
+
+def random_plan(task: Task, seed: int = 0) -> Plan:
+    """Each table, largest first, to a uniformly random device that has room."""
+    rng = np.random.default_rng(seed)
+    used = [0] * task.num_devices
+    placements = []
+    for t in sorted(task.tables, key=lambda t: t.size_bytes(), reverse=True):
+        fits = [d for d in range(task.num_devices) if used[d] + t.size_bytes() <= task.memory_cap_bytes]
+        if not fits:
+            raise memory_shortfall_error(task, t, [task.memory_cap_bytes - u for u in used])
+        d = int(rng.choice(fits))
+        used[d] += t.size_bytes()
+        placements.append(TablePlacement(t.name, (t.dim,), (d,)))
+    return Plan(tuple(placements), task.num_devices)
+
+
+def baseline_plan(name: str, task: Task, seed: int = 0) -> Plan:
+    """One of ``BASELINES`` by name."""
+    if name == "random":
+        return random_plan(task, seed)
+    if name not in HEURISTIC_KEYS:
+        raise ValueError(f"unknown baseline {name!r}; choose from {list(BASELINES)}")
+    return greedy_plan(task, HEURISTIC_KEYS[name])
+
+
+def torchrec_plan(task: Task, device_type: str = "cpu", estimator: object | None = None, max_headroom: float = 4.0):
+    """TorchRec's ``EmbeddingShardingPlanner`` on the task (its analytic perf estimator,
+    or ``estimator`` if given). Returns a TorchRec ShardingPlan.
+
+    Both planners get the same memory: the task's cap per rank with no storage reservation.
+    TorchRec's storage model also counts input/output buffers, which at small sizes can
+    exceed the weights; when it finds no plan, its cap is raised stepwise (x1.25 up to
+    ``max_headroom``) and the plan must still fit the task's cap on weights to be measured.
+    """
+    from torchrec.distributed.planner.types import PlannerError
+
+    cap_scale = 1.0
+    while True:
+        try:
+            return _torchrec_plan(task, device_type, estimator, int(task.memory_cap_bytes * cap_scale))
+        except PlannerError:
+            cap_scale *= 1.25
+            if cap_scale > max_headroom:
+                raise
+
+
+def _torchrec_plan(task: Task, device_type: str, estimator: object | None, cap: int):
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+
+    from torchrec_neuroshard.tables import module_for_tables
+
+    mem = {"hbm_cap": cap} if device_type == "cuda" else {"ddr_cap": cap}
+    topology = Topology(
+        world_size=task.num_devices, compute_device=device_type, local_world_size=task.num_devices, **mem
+    )
+    constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
+    enumerator = None
+    if estimator is not None:
+        enumerator = EmbeddingEnumerator(
+            topology=topology,
+            batch_size=task.batch_size,
+            constraints=constraints,
+            estimator=[estimator, EmbeddingStorageEstimator(topology=topology, constraints=constraints)],
+        )
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=task.batch_size,
+        constraints=constraints,
+        enumerator=enumerator,
+        storage_reservation=FixedPercentageStorageReservation(0.0),
+    )
+    return planner.plan(module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])

@@ -1,0 +1,156 @@
+"""Ground truth for compute: one fused FBGEMM TBE kernel over a device's shards, timed.
+
+The same code runs on a CPU (``EmbeddingLocation.HOST``, perf_counter, a fixed thread
+count) and a GPU (``EmbeddingLocation.DEVICE``, CUDA events): the device decides.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator, Mapping, Sequence
+
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice,
+    SplitTableBatchedEmbeddingBagsCodegen,
+)
+
+from torchrec_neuroshard.types import Shard
+
+Lookups = tuple[torch.Tensor, torch.Tensor]
+"""One table's bags for one batch: (indices int64 [N], offsets int64 [B + 1])."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Repeated timings of one thing, ms: median and the interquartile range as spread."""
+
+    median_ms: float
+    iqr_ms: float
+    samples_ms: tuple[float, ...]
+
+    @staticmethod
+    def of(samples_ms: Sequence[float]) -> "Timing":
+        s = sorted(samples_ms)
+        q = statistics.quantiles(s, n=4) if len(s) > 1 else [s[0]] * 3
+        return Timing(statistics.median(s), q[2] - q[0], tuple(samples_ms))
+
+
+@dataclass(frozen=True)
+class ComputeMeasurement:
+    """Forward and backward time of one fused multi-table kernel, ms."""
+
+    fwd: Timing
+    bwd: Timing
+
+    @property
+    def total_ms(self) -> float:
+        return self.fwd.median_ms + self.bwd.median_ms
+
+
+@contextmanager
+def cpu_threads(num_threads: int | None) -> Iterator[None]:
+    """Pin torch's intra-op threads for a CPU measurement, restoring them after."""
+    if num_threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Clock:
+    """Wall time of a region: CUDA events on a GPU, perf_counter on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def start(self) -> object:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def elapsed_ms(self, start: object) -> float:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            return float(start.elapsed_time(end))  # type: ignore[attr-defined]
+        return (time.perf_counter() - start) * 1e3  # type: ignore[operator]
+
+
+def build_kernel(shards: Sequence[Shard], device: torch.device) -> SplitTableBatchedEmbeddingBagsCodegen:
+    """One fused TBE (EXACT_SGD, fp32 weights) with a table per shard (rows x width)."""
+    if device.type == "cuda":
+        location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+    else:
+        location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=[(s.table.rows, s.width, location, compute) for s in shards],
+        optimizer=EmbOptimType.EXACT_SGD,
+        learning_rate=0.01,
+        device=device,
+    )
+
+
+def concat_lookups(per_shard: Sequence[Lookups], device: torch.device) -> Lookups:
+    """Concatenate per-table bags into TBE's layout: indices, offsets of T*B+1 entries."""
+    batch = per_shard[0][1].numel() - 1
+    indices, offsets, base = [], [torch.zeros(1, dtype=torch.int64)], 0
+    for idx, off in per_shard:
+        if off.numel() - 1 != batch:
+            raise ValueError("every table's bags must have the same batch size")
+        indices.append(idx)
+        offsets.append(off[1:] + base)
+        base += int(off[-1])
+    return torch.cat(indices).to(device), torch.cat(offsets).to(device)
+
+
+def measure_compute(
+    shards: Sequence[Shard],
+    lookups: Mapping[str, Lookups],
+    device: torch.device,
+    warmup: int = 5,
+    repeats: int = 10,
+    num_threads: int | None = 1,
+) -> ComputeMeasurement:
+    """Time forward and backward of one fused TBE over ``shards`` on ``device``.
+
+    Args:
+        shards: the device's column shards; a table's shard reads all its rows.
+        lookups: each table's bags for one batch, by table name (its shards share them).
+        warmup, repeats: untimed then timed iterations; medians are reported.
+        num_threads: torch intra-op threads on CPU (ignored on GPU).
+    """
+    if not shards:
+        zero = Timing(0.0, 0.0, (0.0,))
+        return ComputeMeasurement(zero, zero)
+    with cpu_threads(num_threads if device.type == "cpu" else None):
+        kernel = build_kernel(shards, device)
+        indices, offsets = concat_lookups([lookups[s.table.name] for s in shards], device)
+        batch = offsets.numel() - 1
+        grad = torch.ones(batch // len(shards), sum(s.width for s in shards), device=device)
+        clock = Clock(device)
+        fwd, bwd = [], []
+        for i in range(warmup + repeats):
+            t0 = clock.start()
+            out = kernel(indices, offsets)
+            f = clock.elapsed_ms(t0)
+            t1 = clock.start()
+            out.backward(grad)
+            b = clock.elapsed_ms(t1)
+            if i >= warmup:
+                fwd.append(f)
+                bwd.append(b)
+        del kernel
+    return ComputeMeasurement(Timing.of(fwd), Timing.of(bwd))
