@@ -14,6 +14,6 @@ setup(
     python_requires=">=3.10",
     # torch / fbgemm-gpu / torchrec are installed by the Makefile: torchrec's metadata
     # pins the CUDA fbgemm-gpu wheel, so it is installed with --no-deps (see README).
-    install_requires=["numpy", "tqdm"],
+    install_requires=["numpy", "tqdm", "threadpoolctl"],
     entry_points={"console_scripts": ["neuroshard = torchrec_neuroshard.cli:main"]},
 )

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+import numpy as np
+
 NUM_ACCESS_BINS = 17
 """Access-histogram bins: counts in (0,1], (1,2], (2,4], ..., (16384,32768], >32768."""
 
@@ -322,24 +324,59 @@ class DeviceCost:
 
 
 class CostModel(abc.ABC):
-    """Predicts the costs the search optimises. Units: ms. Implementations are stateless."""
+    """Predicts the costs the search optimises. Units: ms. Implementations are stateless.
+
+    Compute is additive in an embedding space, as a DeepSets model is: a device's cost is
+    ``device_cost(sum of embed_shards(its shards))``. That is what lets the search add a
+    shard to a device with one vector add and one small head evaluation.
+    """
 
     @abc.abstractmethod
-    def compute_cost(self, devices: Sequence[Sequence[Shard]]) -> list[tuple[float, float]]:
-        """(forward ms, backward ms) of one fused kernel per device, for a batch of devices.
+    def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
+        """Per-shard embeddings, float32 [len(shards), E]."""
 
-        ``devices[i]`` lists the shards of candidate device i; an empty list costs (0, 0).
+    @abc.abstractmethod
+    def device_cost(self, pooled: np.ndarray) -> np.ndarray:
+        """(forward ms, backward ms) [N, 2] of devices whose shard embeddings sum to
+        ``pooled`` [N, E]. Callers give empty devices cost 0 themselves."""
+
+    @abc.abstractmethod
+    def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+        """Per-device (forward ms, backward ms) all-to-all cost [R, D, 2] of R plans.
+
+        ``dims`` [R, D] is each device's dim sum; ``skews_ms`` [R, D] each device's
+        forward-compute lateness relative to the earliest device.
         """
 
-    @abc.abstractmethod
+    def compute_cost(self, devices: Sequence[Sequence[Shard]]) -> list[tuple[float, float]]:
+        """(forward ms, backward ms) of one fused kernel per device; empty costs (0, 0)."""
+        flat = [s for dev in devices for s in dev]
+        if not flat:
+            return [(0.0, 0.0)] * len(devices)
+        emb = self.embed_shards(flat)
+        index = np.repeat(np.arange(len(devices)), [len(dev) for dev in devices])
+        pooled = np.zeros((len(devices), emb.shape[1]), dtype=emb.dtype)
+        np.add.at(pooled, index, emb)
+        cost = self.device_cost(pooled)
+        cost[[len(dev) == 0 for dev in devices]] = 0.0
+        return [(float(f), float(b)) for f, b in cost]
+
     def comm_cost(
         self, dims: Sequence[Sequence[int]], skews_ms: Sequence[Sequence[float]]
     ) -> list[tuple[list[float], list[float]]]:
-        """Per-device (forward ms, backward ms) all-to-all costs, for a batch of plans.
-
-        ``dims[i]`` has one dim sum per device of plan i, ``skews_ms[i]`` each device's
-        forward-compute lateness (ms) relative to the earliest one.
-        """
+        """``comm_cost_array`` for plans of any sizes (grouped by device count)."""
+        out: list[tuple[list[float], list[float]]] = [([], [])] * len(dims)
+        by_size: dict[int, list[int]] = {}
+        for i, d in enumerate(dims):
+            by_size.setdefault(len(d), []).append(i)
+        for _, idx in by_size.items():
+            arr = self.comm_cost_array(
+                np.asarray([dims[i] for i in idx], dtype=np.float32),
+                np.asarray([skews_ms[i] for i in idx], dtype=np.float32),
+            )
+            for k, i in enumerate(idx):
+                out[i] = (arr[k, :, 0].tolist(), arr[k, :, 1].tolist())
+        return out
 
 
 def plan_cost(model: CostModel, task: Task, plan: Plan) -> tuple[float, list[DeviceCost]]:

@@ -1,0 +1,261 @@
+"""The neural cost models: the nets, their features, and the ``CostModel`` they serve.
+
+Compute model (one for any number of tables and devices): a per-shard MLP over the shard's
+features, SUM over the shards of a device, then a head with two outputs, the log of the
+fused kernel's forward and backward ms. A device with no shards costs 0.
+
+Comm model (one for every world size D): permutation-equivariant over devices. A per-device
+MLP sees the device's own dim sum and skew plus summaries pooled over all devices (mean,
+max, min of dim sums, max skew) and D; it predicts forward and backward all-to-all ms.
+The forward prediction adds the device's wait for the latest device (max skew - own skew).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchrec_neuroshard.types import CostModel, NUM_ACCESS_BINS, Shard, ShardingError
+
+FEATURE_VERSION = 1
+MODEL_FORMAT = "torchrec-neuroshard/costmodel"
+
+SHARD_FEATURES = (
+    "log_rows", "width", "log_width", "pooling_factor", "log_pooling", "log_lookup_bytes",
+    "log_size_bytes", "bytes_per_element",
+    *(f"access_bin_{i}" for i in range(NUM_ACCESS_BINS)),
+)  # fmt: skip
+DEVICE_FEATURES = (
+    "dim", "skew_ms", "wait_ms", "mean_dim", "max_dim", "min_dim", "sum_dim_over_d",
+    "max_skew_ms", "world_size", "inv_world_size",
+)  # fmt: skip
+
+
+def shard_features(shards: Sequence[Shard]) -> torch.Tensor:
+    """Raw features of each shard, float32 [len(shards), len(SHARD_FEATURES)]."""
+    rows = []
+    for s in shards:
+        t = s.table
+        lookups = t.pooling_factor * s.width
+        rows.append(
+            [
+                math.log(t.rows), s.width, math.log(s.width), t.pooling_factor,
+                math.log1p(t.pooling_factor), math.log1p(lookups * t.bytes_per_element),
+                math.log(t.size_bytes(s.width)), t.bytes_per_element, *t.access_hist,
+            ]  # fmt: skip
+        )
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(SHARD_FEATURES))
+
+
+def device_features(dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+    """Per-device comm features of R plans: dims, skews [R, D] -> float32 [R, D, F].
+
+    Dims are in hundreds of columns; skews in ms. Every feature is either the device's
+    own or pooled symmetrically over the plan's devices, so the model is equivariant.
+    """
+    d = np.asarray(dims, dtype=np.float32) / 100.0
+    s = np.asarray(skews_ms, dtype=np.float32)
+    r, n = d.shape
+    max_skew = s.max(axis=1, keepdims=True)
+    pooled = np.stack(
+        [d.mean(1), d.max(1), d.min(1), d.sum(1) / n, s.max(1), np.full(r, n / 8.0), np.full(r, 1.0 / n)],
+        axis=1,
+    )
+    own = np.stack([d, s, max_skew - s], axis=2)
+    return np.concatenate([own, np.broadcast_to(pooled[:, None, :], (r, n, pooled.shape[1]))], axis=2).astype(np.float32)
+
+
+def mlp(sizes: Sequence[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class ComputeNet(nn.Module):
+    """Shards [S, F] with device index [S] -> log ms [N, 2] (forward, backward) per device."""
+
+    def __init__(self, num_features: int = len(SHARD_FEATURES), hidden: int = 128, embed: int = 64) -> None:
+        super().__init__()
+        self.table = mlp([num_features, hidden, hidden, embed])
+        self.head = mlp([embed, hidden, 2])
+
+    def forward(self, x: torch.Tensor, device_index: torch.Tensor, num_devices: int) -> torch.Tensor:
+        h = self.table(x)
+        pooled = torch.zeros(num_devices, h.shape[1], dtype=h.dtype).index_add_(0, device_index, h)
+        return self.head(pooled)
+
+
+class CommNet(nn.Module):
+    """Per-device features [N, F] -> (forward, backward) ms [N, 2]; the forward adds the wait."""
+
+    def __init__(self, num_features: int = len(DEVICE_FEATURES), hidden: int = 64) -> None:
+        super().__init__()
+        self.net = mlp([num_features, hidden, hidden, 2])
+
+    def forward(self, x_norm: torch.Tensor, wait_ms: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.softplus(self.net(x_norm))
+        return torch.stack([out[:, 0] + wait_ms, out[:, 1]], dim=1)
+
+
+@dataclass(frozen=True)
+class Normalizer:
+    """z-score statistics of a feature matrix (std floored so constant features stay 0)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    @staticmethod
+    def fit(x: torch.Tensor) -> "Normalizer":
+        return Normalizer(x.mean(0), x.std(0).clamp_min(1e-3))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+    def state(self) -> dict:
+        return {"mean": self.mean.tolist(), "std": self.std.tolist()}
+
+    @staticmethod
+    def from_state(d: dict) -> "Normalizer":
+        return Normalizer(torch.tensor(d["mean"]), torch.tensor(d["std"]))
+
+
+class NeuralCostModel(CostModel):
+    """The pre-trained compute and comm nets behind the ``CostModel`` interface (ms).
+
+    ``batch_scale`` multiplies every prediction: the planner sets it to the ratio of the
+    user's batch size to the one the model was trained at (a first-order correction).
+    """
+
+    def __init__(
+        self,
+        compute_net: ComputeNet,
+        compute_norm: Normalizer,
+        comm_net: CommNet,
+        comm_norm: Normalizer,
+        meta: dict[str, Any],
+        batch_scale: float = 1.0,
+    ) -> None:
+        self.compute_net = compute_net.eval()
+        self.compute_norm = compute_norm
+        self.comm_net = comm_net.eval()
+        self.comm_norm = comm_norm
+        self.meta = meta
+        self.batch_scale = batch_scale
+        self._head = _numpy_layers(compute_net.head)
+        self._comm = _numpy_layers(comm_net.net)
+        self._comm_mean = comm_norm.mean.numpy()
+        self._comm_std = comm_norm.std.numpy()
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.meta["batch_size"])
+
+    def with_batch_size(self, batch_size: int) -> "NeuralCostModel":
+        """The same model with predictions scaled to ``batch_size`` (linear in the batch)."""
+        return NeuralCostModel(
+            self.compute_net, self.compute_norm, self.comm_net, self.comm_norm, self.meta,
+            batch_size / self.batch_size,
+        )  # fmt: skip
+
+    @torch.no_grad()
+    def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
+        return self.compute_net.table(self.compute_norm(shard_features(shards))).numpy()
+
+    def device_cost(self, pooled: np.ndarray) -> np.ndarray:
+        # numpy: the search calls this with small batches thousands of times
+        return np.exp(_numpy_mlp(self._head, pooled)) * self.batch_scale
+
+    def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+        r, n = np.shape(dims)
+        if n == 1:  # a single device exchanges nothing
+            return np.zeros((r, 1, 2), dtype=np.float32)
+        x = device_features(dims, skews_ms).reshape(r * n, -1)
+        wait = x[:, DEVICE_FEATURES.index("wait_ms")]
+        z = (x - self._comm_mean) / self._comm_std
+        out = np.logaddexp(0.0, _numpy_mlp(self._comm, z))  # softplus
+        out[:, 0] += wait
+        return (out * self.batch_scale).reshape(r, n, 2)
+
+    def save(self, path: str | Path) -> None:
+        torch.save(
+            {
+                "format": MODEL_FORMAT,
+                "feature_version": FEATURE_VERSION,
+                "shard_features": list(SHARD_FEATURES),
+                "device_features": list(DEVICE_FEATURES),
+                "compute_state": self.compute_net.state_dict(),
+                "compute_norm": self.compute_norm.state(),
+                "comm_state": self.comm_net.state_dict(),
+                "comm_norm": self.comm_norm.state(),
+                "meta": self.meta,
+            },
+            Path(path),
+        )
+
+    @staticmethod
+    def load(path: str | Path) -> "NeuralCostModel":
+        """Load a model file; a corrupt or incompatible file is a ``ShardingError``."""
+        path = Path(path)
+        try:
+            blob = torch.load(path, map_location="cpu", weights_only=True)
+        except FileNotFoundError:
+            raise ShardingError(f"{path}: cost model file not found") from None
+        except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
+            raise ShardingError(
+                f"{path}: not a readable torchrec-neuroshard cost model ({type(e).__name__}); "
+                "re-download it or re-run `neuroshard pretrain`"
+            ) from e
+        if not isinstance(blob, dict) or blob.get("format") != MODEL_FORMAT:
+            raise ShardingError(f"{path}: not a torchrec-neuroshard cost model file")
+        if blob.get("feature_version") != FEATURE_VERSION or blob.get("shard_features") != list(SHARD_FEATURES):
+            raise ShardingError(
+                f"{path}: cost model has feature version {blob.get('feature_version')}, this "
+                f"torchrec-neuroshard needs {FEATURE_VERSION}; re-train it with `neuroshard pretrain`"
+            )
+        try:
+            compute = ComputeNet(**blob["meta"]["compute_config"])
+            compute.load_state_dict(blob["compute_state"])
+            comm = CommNet(**blob["meta"]["comm_config"])
+            comm.load_state_dict(blob["comm_state"])
+            return NeuralCostModel(
+                compute,
+                Normalizer.from_state(blob["compute_norm"]),
+                comm,
+                Normalizer.from_state(blob["comm_norm"]),
+                blob["meta"],
+            )
+        except (KeyError, RuntimeError, TypeError) as e:
+            raise ShardingError(f"{path}: cost model file is incomplete or corrupt: {e}") from e
+
+
+def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in seq if isinstance(m, nn.Linear)]
+
+
+def _numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+    for i, (w, b) in enumerate(layers):
+        x = x @ w + b
+        if i < len(layers) - 1:
+            x = np.maximum(x, 0.0)
+    return x
+
+
+PRETRAINED_DIR = Path(__file__).parent / "pretrained"
+
+
+def load_pretrained(name: str = "cpu") -> NeuralCostModel:
+    """A model shipped in ``torchrec_neuroshard/pretrained/<name>.pt``."""
+    path = PRETRAINED_DIR / f"{name}.pt"
+    if not path.exists():
+        have = sorted(p.stem for p in PRETRAINED_DIR.glob("*.pt"))
+        raise ShardingError(f"no pretrained cost model {name!r}; shipped: {have}")
+    return NeuralCostModel.load(path)

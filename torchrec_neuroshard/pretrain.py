@@ -1,0 +1,283 @@
+"""Pre-training the cost models on measured samples: the data, the loop, the metrics.
+
+    neuroshard pretrain --data compute.jsonl comm.jsonl --out model.pt
+
+Samples are split 80/10/10 into train/validation/test by sample group (a group is one
+drawn table set or comm layout; re-measurements of it share the group), features are
+z-normalised with training statistics that are saved in the model, and the checkpoint
+with the best validation loss is kept (early stopping).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from torchrec_neuroshard.collect import iter_kind, read_rows, shard_from_record
+from torchrec_neuroshard.costmodel import (
+    DEVICE_FEATURES,
+    CommNet,
+    ComputeNet,
+    NeuralCostModel,
+    Normalizer,
+    device_features,
+    shard_features,
+)
+from torchrec_neuroshard.types import ShardingError
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class ComputeData:
+    """Compute samples: shard features x [S, F], owning sample of each shard [S],
+    targets y [N, 2] (forward, backward ms), sample group [N]."""
+
+    x: torch.Tensor
+    sample: torch.Tensor
+    y: torch.Tensor
+    group: np.ndarray
+
+    def subset(self, keep: np.ndarray) -> "ComputeData":
+        keep_t = torch.as_tensor(keep)
+        shard_keep = keep_t[self.sample]
+        renumber = torch.cumsum(keep_t.long(), 0) - 1
+        return ComputeData(self.x[shard_keep], renumber[self.sample[shard_keep]], self.y[keep_t], self.group[keep])
+
+    def __len__(self) -> int:
+        return self.y.shape[0]
+
+
+@dataclass(frozen=True)
+class CommData:
+    """Comm samples flattened to devices: features x [M, F], targets y [M, 2] (forward,
+    backward ms), sample group [M], world size [M]."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    group: np.ndarray
+    world_size: np.ndarray
+
+    def subset(self, keep: np.ndarray) -> "CommData":
+        keep_t = torch.as_tensor(keep)
+        return CommData(self.x[keep_t], self.y[keep_t], self.group[keep], self.world_size[keep])
+
+    def __len__(self) -> int:
+        return self.y.shape[0]
+
+
+def load_compute_data(rows: Sequence[dict]) -> ComputeData:
+    feats, sample, y, group = [], [], [], []
+    for i, r in enumerate(iter_kind(rows, "compute")):
+        shards = [shard_from_record(s) for s in r["shards"]]
+        feats.append(shard_features(shards))
+        sample += [len(y)] * len(shards)
+        y.append([r["fwd_ms"], r["bwd_ms"]])
+        group.append(r["group"])
+    if not y:
+        raise ShardingError("no compute samples in the data; run `neuroshard collect compute` first")
+    return ComputeData(torch.cat(feats), torch.tensor(sample), torch.tensor(y, dtype=torch.float32), np.asarray(group))
+
+
+def load_comm_data(rows: Sequence[dict]) -> CommData:
+    feats, y, group, world = [], [], [], []
+    for r in iter_kind(rows, "comm"):
+        d = len(r["dims"])
+        feats.append(torch.from_numpy(device_features(np.asarray([r["dims"]]), np.asarray([r["skews_ms"]]))[0]))
+        y += list(zip(r["fwd_ms"], r["bwd_ms"]))
+        group += [r["world_size"] * 1_000_000 + r["group"]] * d
+        world += [r["world_size"]] * d
+    if not y:
+        raise ShardingError("no comm samples in the data; run `neuroshard collect comm` first")
+    return CommData(torch.cat(feats), torch.tensor(y, dtype=torch.float32), np.asarray(group), np.asarray(world))
+
+
+def split_by_group(groups: np.ndarray, seed: int, fractions: tuple[float, float] = (0.8, 0.9)) -> tuple[np.ndarray, ...]:
+    """Boolean masks (train, validation, test): whole groups go to one split."""
+    unique = np.unique(groups)
+    order = np.random.default_rng(seed).permutation(len(unique))
+    cut1, cut2 = int(fractions[0] * len(unique)), int(fractions[1] * len(unique))
+    parts = [set(unique[order[:cut1]]), set(unique[order[cut1:cut2]]), set(unique[order[cut2:]])]
+    return tuple(np.isin(groups, list(p)) for p in parts)
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def mape(pred: torch.Tensor, true: torch.Tensor) -> float:
+    """Mean absolute percentage error, %."""
+    return float(((pred - true).abs() / true.abs().clamp_min(1e-6)).mean() * 100)
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation (no tie correction: measured ms rarely tie)."""
+    ra = a.argsort().argsort().double()
+    rb = b.argsort().argsort().double()
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+# ---------------------------------------------------------------- training
+
+
+def _compute_predict(net: ComputeNet, norm: Normalizer, data: ComputeData) -> torch.Tensor:
+    return net(norm(data.x), data.sample, len(data))
+
+
+def train_compute(
+    train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int = 512, lr: float = 1e-3, patience: int = 15, progress: bool = True
+) -> tuple[ComputeNet, Normalizer, dict]:
+    """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint."""
+    torch.manual_seed(seed)
+    norm = Normalizer.fit(train.x)
+    net = ComputeNet()
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    best, best_state, since, history = math.inf, None, 0, []
+    bar = tqdm(range(epochs), desc="compute model", disable=not progress)
+    for epoch in bar:
+        net.train()
+        for idx in np.array_split(rng.permutation(len(train)), max(1, len(train) // batch)):
+            keep = np.zeros(len(train), dtype=bool)
+            keep[idx] = True
+            b = train.subset(keep)
+            loss = ((_compute_predict(net, norm, b) - b.y.log()) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        net.eval()
+        with torch.no_grad():
+            val_loss = float(((_compute_predict(net, norm, val) - val.y.log()) ** 2).mean())
+        history.append(val_loss)
+        bar.set_postfix(val_loss=f"{val_loss:.4f}")
+        if val_loss < best:
+            best, best_state, since = val_loss, copy.deepcopy(net.state_dict()), 0
+        else:
+            since += 1
+            if since >= patience:
+                break
+    net.load_state_dict(best_state)
+    return net.eval(), norm, {"val_loss": best, "epochs": len(history), "history": history}
+
+
+def _comm_loss(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return ((torch.log(pred + 0.1) - torch.log(y + 0.1)) ** 2).mean()
+
+
+def _comm_predict(net: CommNet, norm: Normalizer, data: CommData) -> torch.Tensor:
+    return net(norm(data.x), data.x[:, DEVICE_FEATURES.index("wait_ms")])
+
+
+def train_comm(
+    train: CommData, val: CommData, epochs: int, seed: int, batch: int = 512, lr: float = 1e-3, patience: int = 15, progress: bool = True
+) -> tuple[CommNet, Normalizer, dict]:
+    """Fit per-device (forward, backward) ms in log space; best validation checkpoint."""
+    torch.manual_seed(seed)
+    norm = Normalizer.fit(train.x)
+    net = CommNet()
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    best, best_state, since, history = math.inf, None, 0, []
+    bar = tqdm(range(epochs), desc="comm model", disable=not progress)
+    for epoch in bar:
+        net.train()
+        for idx in torch.randperm(len(train), generator=g).split(batch):
+            loss = _comm_loss(net(norm(train.x[idx]), train.x[idx, DEVICE_FEATURES.index("wait_ms")]), train.y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        net.eval()
+        with torch.no_grad():
+            val_loss = float(_comm_loss(_comm_predict(net, norm, val), val.y))
+        history.append(val_loss)
+        bar.set_postfix(val_loss=f"{val_loss:.4f}")
+        if val_loss < best:
+            best, best_state, since = val_loss, copy.deepcopy(net.state_dict()), 0
+        else:
+            since += 1
+            if since >= patience:
+                break
+    net.load_state_dict(best_state)
+    return net.eval(), norm, {"val_loss": best, "epochs": len(history), "history": history}
+
+
+@torch.no_grad()
+def compute_metrics(net: ComputeNet, norm: Normalizer, data: ComputeData) -> dict:
+    pred = _compute_predict(net, norm, data).exp()
+    total_pred, total = pred.sum(1), data.y.sum(1)
+    return {
+        "samples": len(data),
+        "mape_total": mape(total_pred, total),
+        "mape_fwd": mape(pred[:, 0], data.y[:, 0]),
+        "mape_bwd": mape(pred[:, 1], data.y[:, 1]),
+        "spearman_total": spearman(total_pred, total),
+    }
+
+
+@torch.no_grad()
+def comm_metrics(net: CommNet, norm: Normalizer, data: CommData) -> dict:
+    pred = _comm_predict(net, norm, data)
+    return {
+        "devices": len(data),
+        "mape_total": mape(pred.sum(1), data.y.sum(1)),
+        "mape_fwd": mape(pred[:, 0], data.y[:, 0]),
+        "mape_bwd": mape(pred[:, 1], data.y[:, 1]),
+        "spearman_total": spearman(pred.sum(1), data.y.sum(1)),
+    }
+
+
+def pretrain(
+    rows: Sequence[dict],
+    epochs: int = 200,
+    seed: int = 0,
+    exclude_world_sizes: Sequence[int] = (),
+    progress: bool = True,
+) -> NeuralCostModel:
+    """Train both models on measured rows; the model's meta holds hardware and test metrics.
+
+    ``exclude_world_sizes`` drops those world sizes from training and validation (their
+    test samples are still scored: the unseen-world-size check).
+    """
+    t0 = time.perf_counter()
+    cdata = load_compute_data(rows)
+    tr, va, compute_test = split_by_group(cdata.group, seed)
+    cnet, cnorm, clog = train_compute(cdata.subset(tr), cdata.subset(va), epochs, seed, progress=progress)
+
+    mdata = load_comm_data(rows)
+    tr, va, te = split_by_group(mdata.group, seed)
+    seen = ~np.isin(mdata.world_size, list(exclude_world_sizes))
+    mnet, mnorm, mlog = train_comm(mdata.subset(tr & seen), mdata.subset(va & seen), epochs, seed, progress=progress)
+    comm_test = {}
+    for d in sorted(set(mdata.world_size.tolist())):
+        mask = te & (mdata.world_size == d) if d not in exclude_world_sizes else (mdata.world_size == d)
+        comm_test[str(d)] = comm_metrics(mnet, mnorm, mdata.subset(mask))
+    comm_test["all_seen"] = comm_metrics(mnet, mnorm, mdata.subset(te & seen))
+
+    compute_rows = list(iter_kind(rows, "compute"))
+    meta = {
+        "hardware": compute_rows[0]["hardware"],
+        "comm_hardware": next(iter_kind(rows, "comm"))["hardware"],
+        "batch_size": compute_rows[0]["batch_size"],
+        "world_sizes_trained": sorted(set(mdata.world_size[seen].tolist())),
+        "compute_config": {},
+        "comm_config": {},
+        "train_seconds": round(time.perf_counter() - t0, 1),
+        "seed": seed,
+        "compute_train": {k: v for k, v in clog.items() if k != "history"},
+        "comm_train": {k: v for k, v in mlog.items() if k != "history"},
+        "test": {"compute": compute_metrics(cnet, cnorm, cdata.subset(compute_test)), "comm": comm_test},
+    }
+    return NeuralCostModel(cnet, cnorm, mnet, mnorm, meta)
+
+
+def pretrain_files(paths: Sequence[str], **kwargs) -> NeuralCostModel:
+    rows = [r for p in paths for r in read_rows(p)]
+    if not rows:
+        raise ShardingError(f"no samples in {list(paths)}")
+    return pretrain(rows, **kwargs)

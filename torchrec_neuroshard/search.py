@@ -1,0 +1,361 @@
+"""NeuroShard's search: greedy placement inside a grid search over a max-dimension
+constraint, inside a beam search over column splits, then a local-improvement pass.
+
+Costs come from a ``CostModel`` whose compute is additive in an embedding space, so a
+device's running shard set is one summed vector: adding a shard is a vector add and one
+evaluation of the small head, and every greedy run of one beam step (states x scales)
+advances in lockstep, vectorised over runs and devices.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from torchrec_neuroshard.baselines import memory_shortfall_error
+from torchrec_neuroshard.types import (
+    WIDTH_ALIGNMENT,
+    CostModel,
+    DeviceCost,
+    InfeasibleError,
+    Plan,
+    Shard,
+    TablePlacement,
+    Task,
+)
+
+Widths = tuple[tuple[int, ...], ...]
+"""A split state: the shard widths of each table, in task table order."""
+
+
+def default_scales() -> tuple[float, ...]:
+    """linspace(1.0, 1.5, 11) as published, plus no dimension limit as a last resort."""
+    return tuple(float(x) for x in np.linspace(1.0, 1.5, 11)) + (math.inf,)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Knobs of the search; defaults are the published ones."""
+
+    scales: tuple[float, ...] = field(default_factory=default_scales)
+    beam_width: int = 3
+    top_k: int = 10
+    max_steps: int = 10
+    local_search: bool = True
+    max_local_moves: int = 100
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best plan found, its predicted per-device costs (ms) and search statistics."""
+
+    plan: Plan
+    predicted_cost_ms: float
+    devices: tuple[DeviceCost, ...]
+    states_evaluated: int
+    seconds: float
+
+
+@dataclass
+class _Keys:
+    """The distinct (table, width) shards met during one search call, with their
+    embeddings, single-shard costs and sizes; grows as splits create new widths."""
+
+    task: Task
+    model: CostModel
+    index: dict[tuple[int, int], int] = field(default_factory=dict)
+    emb: np.ndarray | None = None
+    single: np.ndarray | None = None
+    width: np.ndarray | None = None
+    size: np.ndarray | None = None
+
+    def ensure(self, keys: Sequence[tuple[int, int]]) -> None:
+        new = [k for k in dict.fromkeys(keys) if k not in self.index]
+        if not new:
+            return
+        shards = [Shard(self.task.tables[t], w) for t, w in new]
+        emb = self.model.embed_shards(shards).astype(np.float32)
+        single = self.model.device_cost(emb).sum(1)
+        for k in new:
+            self.index[k] = len(self.index)
+        cat = lambda a, b: b if a is None else np.concatenate([a, b])  # noqa: E731
+        self.emb = cat(self.emb, emb)
+        self.single = cat(self.single, single)
+        self.width = cat(self.width, np.asarray([w for _, w in new], dtype=np.float64))
+        self.size = cat(self.size, np.asarray([s.size_bytes for s in shards], dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """Outcome of greedy runs: per run its cost (inf if invalid), device of each ordered
+    shard, the shard order's keys, per-device compute/comm, and where invalid runs died."""
+
+    cost: np.ndarray  # [R]
+    assign: np.ndarray  # [R, Smax] device of k-th ordered shard
+    order_keys: np.ndarray  # [R, Smax] key id, -1 padding
+    fwd: np.ndarray  # [R, D]
+    bwd: np.ndarray
+    comm: np.ndarray  # [R, D, 2]
+    died_at: np.ndarray  # [R] ordered shard index where the run failed, -1 if valid
+    free_at_death: np.ndarray  # [R] most free bytes on any device when it failed
+
+
+def _state_keys(state: Widths) -> list[tuple[int, int]]:
+    return [(t, w) for t, ws in enumerate(state) for w in ws]
+
+
+def _greedy_runs(task: Task, model: CostModel, keys: _Keys, states: Sequence[Widths], scales: Sequence[float]) -> _Runs:
+    """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
+    predicted single-shard cost, each to the feasible device with the lowest predicted
+    compute so far (ties to less memory); feasible = memory fits and the device's dim sum
+    stays within scale x (total width / D)."""
+    D = task.num_devices
+    cap = float(task.memory_cap_bytes)
+    per_state = []
+    for st in states:
+        ids = np.asarray([keys.index[k] for k in _state_keys(st)])
+        per_state.append(ids[np.argsort(-keys.single[ids], kind="stable")])
+    smax = max(len(p) for p in per_state)
+    R = len(states) * len(scales)
+    order = np.full((R, smax), -1, dtype=np.int64)
+    limit = np.empty(R)
+    for i, ids in enumerate(per_state):
+        total_width = keys.width[ids].sum()
+        for j, sc in enumerate(scales):
+            r = i * len(scales) + j
+            order[r, : len(ids)] = ids
+            limit[r] = sc * total_width / D
+    E = keys.emb.shape[1]
+    sums = np.zeros((R, D, E), dtype=np.float32)
+    count = np.zeros((R, D), dtype=np.int64)
+    fwd = np.zeros((R, D))
+    bwd = np.zeros((R, D))
+    dims = np.zeros((R, D))
+    mem = np.zeros((R, D))
+    assign = np.full((R, smax), -1, dtype=np.int64)
+    alive = np.ones(R, dtype=bool)
+    died_at = np.full(R, -1, dtype=np.int64)
+    free_at_death = np.zeros(R)
+    rows = np.arange(R)
+    for k in range(smax):
+        key = order[:, k]
+        active = alive & (key >= 0)
+        if not active.any():
+            break
+        kk = np.where(key >= 0, key, 0)
+        w, m = keys.width[kk], keys.size[kk]
+        feasible = (mem + m[:, None] <= cap) & (dims + w[:, None] <= limit[:, None] + 1e-9)
+        load = np.where(feasible, fwd + bwd, np.inf)
+        best = load.min(1)
+        dead = active & ~np.isfinite(best)
+        if dead.any():
+            alive &= ~dead
+            died_at[dead] = k
+            free_at_death[dead] = cap - mem[dead].min(1)
+            active &= ~dead
+        tie = load <= best[:, None] + 1e-9
+        d = np.where(tie, mem, np.inf).argmin(1)
+        r, d = rows[active], d[active]
+        assign[r, k] = d
+        sums[r, d] += keys.emb[kk[r]]
+        count[r, d] += 1
+        dims[r, d] += w[r]
+        mem[r, d] += m[r]
+        cost = model.device_cost(sums[r, d])
+        fwd[r, d], bwd[r, d] = cost[:, 0], cost[:, 1]
+    comm, total = _full_cost(model, fwd, bwd, dims)
+    total[~alive] = np.inf
+    return _Runs(total, assign, order, fwd, bwd, comm, died_at, free_at_death)
+
+
+def _full_cost(model: CostModel, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Comm [R, D, 2] and embedding cost [R] = max over devices of compute + comm."""
+    skew = fwd - fwd.min(1, keepdims=True)
+    comm = model.comm_cost_array(dims, skew)
+    return comm, (fwd + bwd + comm.sum(2)).max(1)
+
+
+def _split_children(state: Widths, keys: _Keys, top_k: int, min_width: Sequence[int]) -> list[Widths]:
+    """States one halving away: candidates are the union of the top-k shards by size and
+    by predicted cost, halved only if the half is a multiple of 4 and >= the table's min."""
+    shards = [(t, j, w) for t, ws in enumerate(state) for j, w in enumerate(ws)]
+    ok = [
+        (t, j, w)
+        for t, j, w in shards
+        if (w // 2) % WIDTH_ALIGNMENT == 0 and w % 2 == 0 and w // 2 >= min_width[t]
+    ]
+    by_size = sorted(ok, key=lambda s: -keys.size[keys.index[(s[0], s[2])]])[:top_k]
+    by_cost = sorted(ok, key=lambda s: -keys.single[keys.index[(s[0], s[2])]])[:top_k]
+    children = []
+    for t, j, w in dict.fromkeys(by_size + by_cost):
+        ws = list(state[t])
+        ws[j : j + 1] = [w // 2, w // 2]
+        child = list(state)
+        child[t] = tuple(sorted(ws, reverse=True))
+        children.append(tuple(child))
+    return list(dict.fromkeys(children))
+
+
+def _plan_of(task: Task, keys: _Keys, runs: _Runs, r: int) -> Plan:
+    inverse = {i: k for k, i in keys.index.items()}
+    per_table: dict[int, list[tuple[int, int]]] = {}
+    for key, dev in zip(runs.order_keys[r], runs.assign[r]):
+        if key < 0:
+            break
+        t, w = inverse[int(key)]
+        per_table.setdefault(t, []).append((w, int(dev)))
+    placements = []
+    for t, table in enumerate(task.tables):
+        shards = sorted(per_table[t], key=lambda s: (-s[0], s[1]))
+        placements.append(TablePlacement(table.name, tuple(w for w, _ in shards), tuple(d for _, d in shards)))
+    return Plan(tuple(placements), task.num_devices)
+
+
+def _local_improve(task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int) -> Plan:
+    """Move single shards off the most expensive device while the predicted cost drops.
+
+    Every candidate move (a shard of the bottleneck device to any other device with
+    memory room) is scored at once; the best improving move is applied, then repeat.
+    """
+    D = task.num_devices
+    names = {t.name: i for i, t in enumerate(task.tables)}
+    shards = [(names[p.table], w, d) for p in plan.placements for w, d in zip(p.widths, p.devices)]
+    E = keys.emb.shape[1]
+    for _ in range(max_moves):
+        sums = np.zeros((D, E), dtype=np.float32)
+        dims = np.zeros(D)
+        mem = np.zeros(D)
+        count = np.zeros(D, dtype=np.int64)
+        for t, w, d in shards:
+            k = keys.index[(t, w)]
+            sums[d] += keys.emb[k]
+            dims[d] += w
+            mem[d] += keys.size[k]
+            count[d] += 1
+        base = _device_costs(model, sums, count)
+        comm, total = _full_cost(model, base[None, :, 0], base[None, :, 1], dims[None])
+        per_dev = base.sum(1) + comm[0].sum(1)
+        worst = int(per_dev.argmax())
+        moves = [
+            (i, dst)
+            for i, (t, w, d) in enumerate(shards)
+            if d == worst
+            for dst in range(D)
+            if dst != worst and mem[dst] + keys.size[keys.index[(t, w)]] <= task.memory_cap_bytes
+        ]
+        if not moves:
+            break
+        n = len(moves)
+        cand_sums = np.repeat(sums[None], n, 0)
+        cand_dims = np.repeat(dims[None], n, 0)
+        cand_count = np.repeat(count[None], n, 0)
+        for m, (i, dst) in enumerate(moves):
+            t, w, _ = shards[i]
+            e = keys.emb[keys.index[(t, w)]]
+            cand_sums[m, worst] -= e
+            cand_sums[m, dst] += e
+            cand_dims[m, worst] -= w
+            cand_dims[m, dst] += w
+            cand_count[m, worst] -= 1
+            cand_count[m, dst] += 1
+        c = _device_costs(model, cand_sums.reshape(n * D, E), cand_count.reshape(-1)).reshape(n, D, 2)
+        _, cand_total = _full_cost(model, c[:, :, 0], c[:, :, 1], cand_dims)
+        best = int(cand_total.argmin())
+        if cand_total[best] >= total[0] - 1e-6:
+            break
+        i, dst = moves[best]
+        shards[i] = (shards[i][0], shards[i][1], dst)
+    per_table: dict[int, list[tuple[int, int]]] = {}
+    for t, w, d in shards:
+        per_table.setdefault(t, []).append((w, d))
+    return Plan(
+        tuple(
+            TablePlacement(table.name, tuple(w for w, _ in sorted(per_table[t], key=lambda s: (-s[0], s[1]))), tuple(d for _, d in sorted(per_table[t], key=lambda s: (-s[0], s[1]))))
+            for t, table in enumerate(task.tables)
+        ),
+        D,
+    )
+
+
+def _device_costs(model: CostModel, sums: np.ndarray, count: np.ndarray) -> np.ndarray:
+    cost = model.device_cost(sums)
+    cost[count == 0] = 0.0
+    return cost
+
+
+def predicted_breakdown(model: CostModel, task: Task, plan: Plan) -> tuple[float, tuple[DeviceCost, ...]]:
+    """Predicted embedding cost (ms) of a plan and its per-device breakdown."""
+    compute = np.asarray(model.compute_cost(plan.device_shards(task.tables)))
+    comm, total = _full_cost(model, compute[None, :, 0], compute[None, :, 1], np.asarray([plan.device_dims()], dtype=np.float64))
+    devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb)) for (f, b), (cf, cb) in zip(compute, comm[0]))
+    return float(total[0]), devices
+
+
+def search(
+    task: Task,
+    model: CostModel,
+    config: SearchConfig = SearchConfig(),
+    min_width: Mapping[str, int] | None = None,
+) -> SearchResult:
+    """Find a low-cost plan for ``task`` under ``model``'s predictions.
+
+    Args:
+        min_width: per table, the narrowest shard allowed (e.g. TorchRec's min_partition);
+            a table whose min width is its dim is never split (table_wise only).
+
+    Raises:
+        InfeasibleError: no split and placement fits the memory cap; names the table.
+    """
+    # The search's matrices are small: one BLAS thread is faster than several, and
+    # far faster when the other cores are busy.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _search(task, model, config, min_width)
+
+
+def _search(task: Task, model: CostModel, config: SearchConfig, min_width: Mapping[str, int] | None) -> SearchResult:
+    t0 = time.perf_counter()
+    min_w = [max(WIDTH_ALIGNMENT, (min_width or {}).get(t.name, WIDTH_ALIGNMENT)) for t in task.tables]
+    keys = _Keys(task, model)
+    root: Widths = tuple((t.dim,) for t in task.tables)
+    keys.ensure(_state_keys(root))
+    runs = _greedy_runs(task, model, keys, [root], config.scales)
+    best_cost = float(runs.cost.min())
+    best = (runs, int(runs.cost.argmin()))
+    first_failure = runs
+    beam = [root]
+    seen = {root}
+    evaluated = 1
+    for _ in range(config.max_steps):
+        children = [c for st in beam for c in _split_children(st, keys, config.top_k, min_w) if c not in seen]
+        children = list(dict.fromkeys(children))
+        if not children:
+            break
+        seen.update(children)
+        keys.ensure([k for c in children for k in _state_keys(c)])
+        runs = _greedy_runs(task, model, keys, children, config.scales)
+        evaluated += len(children)
+        per_state = runs.cost.reshape(len(children), len(config.scales))
+        state_cost = per_state.min(1)
+        ranked = np.argsort(state_cost, kind="stable")
+        beam = [children[i] for i in ranked[: config.beam_width]]
+        i = int(ranked[0])
+        if state_cost[i] < best_cost:
+            best_cost = float(state_cost[i])
+            best = (runs, i * len(config.scales) + int(per_state[i].argmin()))
+    if not math.isfinite(best_cost):
+        r = int(np.argmax(first_failure.died_at))
+        inverse = {i: k for k, i in keys.index.items()}
+        t, _ = inverse[int(first_failure.order_keys[r, first_failure.died_at[r]])]
+        free = [float(first_failure.free_at_death[r])]
+        raise memory_shortfall_error(task, task.tables[t], [int(x) for x in free])
+    plan = _plan_of(task, keys, *best)
+    if config.local_search:
+        plan = _local_improve(task, model, keys, plan, config.max_local_moves)
+    plan.validate(task)
+    cost, devices = predicted_breakdown(model, task, plan)
+    return SearchResult(plan, cost, devices, evaluated, time.perf_counter() - t0)
