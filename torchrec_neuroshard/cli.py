@@ -31,6 +31,53 @@ def _collect(args: argparse.Namespace) -> None:
         )
 
 
+def _pretrain(args: argparse.Namespace) -> None:
+    import json
+
+    from torchrec_neuroshard.pretrain import pretrain_files
+
+    model = pretrain_files(args.data, epochs=args.epochs, seed=args.seed, exclude_world_sizes=args.exclude_world_size)
+    model.save(args.out)
+    print(json.dumps(model.meta["test"], indent=2))
+    print(f"saved {args.out} (trained in {model.meta['train_seconds']} s)")
+
+
+def _plan(args: argparse.Namespace) -> None:
+    import json
+
+    from torchrec_neuroshard.baselines import baseline_plan
+    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+    from torchrec_neuroshard.search import predicted_breakdown, search
+    from torchrec_neuroshard.stats import format_plan_stats
+    from torchrec_neuroshard.types import Task
+
+    task = Task.load(args.task)
+    model = NeuralCostModel.load(args.model) if args.model else load_pretrained()
+    if task.batch_size != model.batch_size:
+        model = model.with_batch_size(task.batch_size)
+    if args.planner == "neuroshard":
+        result = search(task, model)
+        plan, devices, note = result.plan, result.devices, f"searched in {result.seconds:.2f} s"
+    else:
+        plan = baseline_plan(args.planner, task, seed=args.seed)
+        _, devices = predicted_breakdown(model, task, plan)
+        note = ""
+    print(format_plan_stats(plan, task.tables, devices, task.memory_cap_bytes, title=f"{args.planner} plan"))
+    if note:
+        print(note)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(plan.to_dict(), f, indent=1)
+        print(f"plan written to {args.out}")
+
+
+def _bench(args: argparse.Namespace) -> None:
+    import runpy
+
+    sys.argv = [args.which] + args.rest
+    runpy.run_module(f"benchmarks.{args.which}", run_name="__main__")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neuroshard", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -44,6 +91,27 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=1, help="CPU: torch threads for compute")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_collect)
+
+    t = sub.add_parser("pretrain", help="train the cost models on collected samples")
+    t.add_argument("--data", nargs="+", required=True, help="JSONL(.gz) dataset files")
+    t.add_argument("--out", required=True, help="model file to write")
+    t.add_argument("--epochs", type=int, default=200)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--exclude-world-size", type=int, nargs="*", default=[], help="hold these world sizes out of training")
+    t.set_defaults(func=_pretrain)
+
+    pl = sub.add_parser("plan", help="plan a task (JSON from the task generator)")
+    pl.add_argument("task", help="task JSON file")
+    pl.add_argument("--planner", default="neuroshard", choices=["neuroshard", "random", "size", "dim", "lookup", "size_lookup"])
+    pl.add_argument("--model", help="cost model file (default: the shipped one)")
+    pl.add_argument("--out", help="write the plan as JSON")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.set_defaults(func=_plan)
+
+    b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (costmodel, search_speed, compare)")
+    b.add_argument("which", choices=["costmodel", "search_speed", "compare"])
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    b.set_defaults(func=_bench)
     return p
 
 

@@ -252,6 +252,10 @@ def pretrain(
     mdata = load_comm_data(rows)
     tr, va, te = split_by_group(mdata.group, seed)
     seen = ~np.isin(mdata.world_size, list(exclude_world_sizes))
+    if not (tr & seen).any():
+        raise ShardingError(
+            f"no comm samples left to train on after excluding world sizes {sorted(exclude_world_sizes)}"
+        )
     mnet, mnorm, mlog = train_comm(mdata.subset(tr & seen), mdata.subset(va & seen), epochs, seed, progress=progress)
     comm_test = {}
     for d in sorted(set(mdata.world_size.tolist())):

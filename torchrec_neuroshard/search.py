@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from torchrec_neuroshard.baselines import memory_shortfall_error
+from torchrec_neuroshard.baselines import BASELINES, baseline_plan, memory_shortfall_error
 from torchrec_neuroshard.types import (
     WIDTH_ALIGNMENT,
     CostModel,
@@ -48,6 +48,9 @@ class SearchConfig:
     max_steps: int = 10
     local_search: bool = True
     max_local_moves: int = 100
+    seed_with_baselines: bool = True
+    """Also score the heuristic baselines' plans and start from the best plan overall, so
+    the result is never predicted worse than any baseline."""
 
 
 @dataclass(frozen=True)
@@ -203,89 +206,118 @@ def _split_children(state: Widths, keys: _Keys, top_k: int, min_width: Sequence[
 
 def _plan_of(task: Task, keys: _Keys, runs: _Runs, r: int) -> Plan:
     inverse = {i: k for k, i in keys.index.items()}
-    per_table: dict[int, list[tuple[int, int]]] = {}
+    shards = []
     for key, dev in zip(runs.order_keys[r], runs.assign[r]):
         if key < 0:
             break
         t, w = inverse[int(key)]
-        per_table.setdefault(t, []).append((w, int(dev)))
-    placements = []
-    for t, table in enumerate(task.tables):
-        shards = sorted(per_table[t], key=lambda s: (-s[0], s[1]))
-        placements.append(TablePlacement(table.name, tuple(w for w, _ in shards), tuple(d for _, d in shards)))
-    return Plan(tuple(placements), task.num_devices)
+        shards.append((t, w, int(dev)))
+    return _plan_from_shards(task, shards)
 
 
-def _local_improve(task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int) -> Plan:
-    """Move single shards off the most expensive device while the predicted cost drops.
+def _local_improve(
+    task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int, partners: int = 8
+) -> Plan:
+    """Move or swap shards off the most expensive device while the predicted cost drops.
 
-    Every candidate move (a shard of the bottleneck device to any other device with
-    memory room) is scored at once; the best improving move is applied, then repeat.
+    Candidates: every shard of the bottleneck device moved to one of the ``partners``
+    cheapest devices, or swapped with a shard there, memory permitting. Only the two
+    devices a candidate touches are re-predicted; all candidates are scored in one batch
+    with the full cost (compute skew and comm of every device); the best improving one is
+    applied, then repeat.
     """
     D = task.num_devices
     names = {t.name: i for i, t in enumerate(task.tables)}
     shards = [(names[p.table], w, d) for p in plan.placements for w, d in zip(p.widths, p.devices)]
-    E = keys.emb.shape[1]
+    key_of = np.asarray([keys.index[(t, w)] for t, w, _ in shards])
+    dev = np.asarray([d for _, _, d in shards])
+    cap = task.memory_cap_bytes
     for _ in range(max_moves):
-        sums = np.zeros((D, E), dtype=np.float32)
-        dims = np.zeros(D)
-        mem = np.zeros(D)
-        count = np.zeros(D, dtype=np.int64)
-        for t, w, d in shards:
-            k = keys.index[(t, w)]
-            sums[d] += keys.emb[k]
-            dims[d] += w
-            mem[d] += keys.size[k]
-            count[d] += 1
+        sums = np.zeros((D, keys.emb.shape[1]), dtype=np.float32)
+        np.add.at(sums, dev, keys.emb[key_of])
+        dims = np.bincount(dev, weights=keys.width[key_of], minlength=D)
+        mem = np.bincount(dev, weights=keys.size[key_of], minlength=D)
+        count = np.bincount(dev, minlength=D)
         base = _device_costs(model, sums, count)
         comm, total = _full_cost(model, base[None, :, 0], base[None, :, 1], dims[None])
         per_dev = base.sum(1) + comm[0].sum(1)
         worst = int(per_dev.argmax())
-        moves = [
-            (i, dst)
-            for i, (t, w, d) in enumerate(shards)
-            if d == worst
-            for dst in range(D)
-            if dst != worst and mem[dst] + keys.size[keys.index[(t, w)]] <= task.memory_cap_bytes
+        cheap = [int(d) for d in np.argsort(per_dev) if d != worst][:partners]
+        on_worst = np.flatnonzero(dev == worst)
+        size = keys.size[key_of]
+        # (shard leaving the worst device, destination, shard coming back or -1)
+        cands = [(int(i), d, -1) for i in on_worst for d in cheap if mem[d] + size[i] <= cap]
+        cands += [
+            (int(i), d, int(j))
+            for d in cheap
+            for j in np.flatnonzero(dev == d)
+            for i in on_worst
+            if mem[d] + size[i] - size[j] <= cap and mem[worst] - size[i] + size[j] <= cap
         ]
-        if not moves:
+        if not cands:
             break
-        n = len(moves)
-        cand_sums = np.repeat(sums[None], n, 0)
-        cand_dims = np.repeat(dims[None], n, 0)
-        cand_count = np.repeat(count[None], n, 0)
-        for m, (i, dst) in enumerate(moves):
-            t, w, _ = shards[i]
-            e = keys.emb[keys.index[(t, w)]]
-            cand_sums[m, worst] -= e
-            cand_sums[m, dst] += e
-            cand_dims[m, worst] -= w
-            cand_dims[m, dst] += w
-            cand_count[m, worst] -= 1
-            cand_count[m, dst] += 1
-        c = _device_costs(model, cand_sums.reshape(n * D, E), cand_count.reshape(-1)).reshape(n, D, 2)
-        _, cand_total = _full_cost(model, c[:, :, 0], c[:, :, 1], cand_dims)
-        best = int(cand_total.argmin())
-        if cand_total[best] >= total[0] - 1e-6:
+        cand = np.asarray(cands)
+        n = len(cand)
+        out_k = key_of[cand[:, 0]]
+        has_back = cand[:, 2] >= 0
+        back_k = key_of[np.where(has_back, cand[:, 2], 0)]
+        delta_e = keys.emb[out_k] - np.where(has_back[:, None], keys.emb[back_k], 0.0).astype(np.float32)
+        delta_w = keys.width[out_k] - np.where(has_back, keys.width[back_k], 0.0)
+        delta_c = 1 - has_back.astype(np.int64)
+        dst = cand[:, 1]
+        touched = np.concatenate([sums[worst][None] - delta_e, sums[dst] + delta_e])
+        touched_count = np.concatenate([np.full(n, count[worst]) - delta_c, count[dst] + delta_c])
+        new = _device_costs(model, touched, touched_count)
+        fwd = np.repeat(base[None, :, 0], n, 0)
+        bwd = np.repeat(base[None, :, 1], n, 0)
+        c_dims = np.repeat(dims[None], n, 0)
+        rows = np.arange(n)
+        fwd[:, worst], bwd[:, worst] = new[:n, 0], new[:n, 1]
+        fwd[rows, dst], bwd[rows, dst] = new[n:, 0], new[n:, 1]
+        c_dims[:, worst] -= delta_w
+        c_dims[rows, dst] += delta_w
+        _, c_total = _full_cost(model, fwd, bwd, c_dims)
+        best = int(c_total.argmin())
+        if c_total[best] >= total[0] - 1e-6:
             break
-        i, dst = moves[best]
-        shards[i] = (shards[i][0], shards[i][1], dst)
+        i, d, j = cands[best]
+        dev[i] = d
+        if j >= 0:
+            dev[j] = worst
+    return _plan_from_shards(task, [(t, w, int(d)) for (t, w, _), d in zip(shards, dev)])
+
+
+def _plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan:
+    """Plan from (table index, width, device) triples; a table's shards widest first."""
     per_table: dict[int, list[tuple[int, int]]] = {}
     for t, w, d in shards:
         per_table.setdefault(t, []).append((w, d))
-    return Plan(
-        tuple(
-            TablePlacement(table.name, tuple(w for w, _ in sorted(per_table[t], key=lambda s: (-s[0], s[1]))), tuple(d for _, d in sorted(per_table[t], key=lambda s: (-s[0], s[1]))))
-            for t, table in enumerate(task.tables)
-        ),
-        D,
-    )
+    placements = []
+    for t, table in enumerate(task.tables):
+        ordered = sorted(per_table[t], key=lambda s: (-s[0], s[1]))
+        placements.append(TablePlacement(table.name, tuple(w for w, _ in ordered), tuple(d for _, d in ordered)))
+    return Plan(tuple(placements), task.num_devices)
 
 
 def _device_costs(model: CostModel, sums: np.ndarray, count: np.ndarray) -> np.ndarray:
     cost = model.device_cost(sums)
     cost[count == 0] = 0.0
     return cost
+
+
+def _feasible_baselines(task: Task) -> list[Plan]:
+    plans = []
+    for name in BASELINES:
+        try:
+            plans.append(baseline_plan(name, task))
+        except InfeasibleError:
+            continue
+    return plans
+
+
+def _best_of(task: Task, model: CostModel, plans: Sequence[Plan]) -> Plan:
+    costs = [predicted_breakdown(model, task, p)[0] for p in plans]
+    return plans[int(np.argmin(costs))]
 
 
 def predicted_breakdown(model: CostModel, task: Task, plan: Plan) -> tuple[float, tuple[DeviceCost, ...]]:
@@ -354,6 +386,8 @@ def _search(task: Task, model: CostModel, config: SearchConfig, min_width: Mappi
         free = [float(first_failure.free_at_death[r])]
         raise memory_shortfall_error(task, task.tables[t], [int(x) for x in free])
     plan = _plan_of(task, keys, *best)
+    if config.seed_with_baselines:
+        plan = _best_of(task, model, [plan] + _feasible_baselines(task))
     if config.local_search:
         plan = _local_improve(task, model, keys, plan, config.max_local_moves)
     plan.validate(task)

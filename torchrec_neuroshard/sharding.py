@@ -28,6 +28,7 @@ def to_torchrec(
     module: nn.Module,
     device_type: str = "cpu",
     local_size: int | None = None,
+    decided: dict[str, ParameterSharding] | None = None,
 ) -> ShardingPlan:
     """TorchRec ``ShardingPlan`` for every EmbeddingBagCollection in ``module``.
 
@@ -38,10 +39,12 @@ def to_torchrec(
     Args:
         device_type: "cpu" (gloo) or "cuda" (NCCL).
         local_size: ranks per host, for cuda device indices; default all ranks on one host.
+        decided: ParameterShardings decided elsewhere (e.g. row_wise fallbacks), by table.
     """
     local_size = local_size or plan.num_devices
+    decided = decided or {}
     placements = {p.table: p for p in plan.placements}
-    known = set(placements) | set(plan.data_parallel)
+    known = set(placements) | set(plan.data_parallel) | set(decided)
     module_plans: dict[str, EmbeddingModuleShardingPlan] = {}
     seen: set[str] = set()
     for path, ebc in find_embedding_bag_collections(module).items():
@@ -54,6 +57,9 @@ def to_torchrec(
                     f"table {name!r} (EBC at {path!r}) is not in the plan; plan it with the "
                     "same module you shard"
                 )
+            if name in decided:
+                module_plan[name] = decided[name]
+                continue
             if name in plan.data_parallel:
                 module_plan[name] = ParameterSharding(
                     sharding_type=ShardingType.DATA_PARALLEL.value,
@@ -100,6 +106,31 @@ def to_torchrec(
     if extra:
         raise ShardingError(f"the plan names tables the module does not have: {extra}")
     return ShardingPlan(plan=module_plans)
+
+
+def row_wise_sharding(
+    rows: int, dim: int, world_size: int, device_type: str = "cpu", local_size: int | None = None
+) -> ParameterSharding:
+    """row_wise/fused: contiguous blocks of ceil(rows / world_size) rows, block r on rank r."""
+    local_size = local_size or world_size
+    block = -(-rows // world_size)
+    shards = []
+    for r in range(world_size):
+        start = min(rows, r * block)
+        size = min(block, rows - start)
+        shards.append(
+            ShardMetadata(
+                shard_offsets=[start, 0],
+                shard_sizes=[size, dim],
+                placement=_placement(device_type, r, local_size),
+            )
+        )
+    return ParameterSharding(
+        sharding_type=ShardingType.ROW_WISE.value,
+        compute_kernel=FUSED,
+        ranks=list(range(world_size)),
+        sharding_spec=EnumerableShardingSpec(shards),
+    )
 
 
 def _rank_of(placement: object) -> int:

@@ -1,0 +1,135 @@
+"""The neural cost model inside TorchRec's own planner.
+
+``NeuralPerfEstimator`` (a ``ShardEstimator``) fills every shard's ``Perf`` from the
+pre-trained model; ``NeuralPerfModel`` (a ``PerfModel``) rates whole plans with the
+multi-table model, which sees fused-kernel effects that per-shard sums cannot::
+
+    enumerator = EmbeddingEnumerator(topology, batch_size, estimator=[
+        NeuralPerfEstimator(topology), EmbeddingStorageEstimator(topology)])
+    planner = EmbeddingShardingPlanner(topology, batch_size, enumerator=enumerator,
+                                       performance_model=NeuralPerfModel(topology))
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    Perf,
+    PerfModel,
+    ShardEstimator,
+    ShardingOption,
+    Topology,
+)
+from torchrec.distributed.types import ShardingType
+
+from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.tables import uniform_access_histogram
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, TableSpec
+
+_LOCAL_BATCH_TYPES = {ShardingType.DATA_PARALLEL.value}
+_ROW_SPLIT_TYPES = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value, ShardingType.GRID_SHARD.value}
+
+
+def _shard_spec(option: ShardingOption, rows: int, width: int, batch: int, pooling_scale: float, access_hists: Mapping[str, tuple[float, ...]]) -> Shard:
+    pf = float(sum(option.input_lengths)) * pooling_scale
+    width = max(WIDTH_ALIGNMENT, -(-width // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT)
+    hist = access_hists.get(option.name) or uniform_access_histogram(rows, pf * batch)
+    return Shard(TableSpec(option.name, rows, width, pf, tuple(hist)), width)
+
+
+def _option_shards(option: ShardingOption, world: int, batch: int, access_hists: Mapping[str, tuple[float, ...]]) -> list[Shard]:
+    """Our view of each TorchRec shard: a (rows x width) table seeing some of the lookups.
+
+    Column and table shards see every lookup of the global batch; a row shard sees about
+    1/world of them; a data-parallel replica sees its local batch (1/world of the bags).
+    """
+    scale = 1.0 / world if option.sharding_type in _LOCAL_BATCH_TYPES | _ROW_SPLIT_TYPES else 1.0
+    return [_shard_spec(option, int(s.size[0]), int(s.size[1]), batch, scale, access_hists) for s in option.shards]
+
+
+class NeuralPerfEstimator(ShardEstimator):
+    """Fills ``shard.perf`` (ms, finite, >= 0) of every sharding option from the model.
+
+    Compute is the model's fused-kernel cost of the shard alone; comms is the shard's
+    marginal all-to-all cost (the device's cost with the shard's width minus without it,
+    the other devices idle). Per-shard numbers cannot see which shards end up together:
+    pair with ``NeuralPerfModel`` to rate whole plans.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        constraints: Mapping[str, ParameterConstraints] | None = None,
+        cost_model: NeuralCostModel | None = None,
+        batch_size: int | None = None,
+        access_hists: Mapping[str, tuple[float, ...]] | None = None,
+        is_inference: bool = False,
+    ) -> None:
+        self.topology = topology
+        self.constraints = constraints
+        self.model = cost_model or load_pretrained("cpu")
+        self.batch_size = batch_size
+        self.access_hists = dict(access_hists or {})
+
+    def estimate(self, sharding_options: list[ShardingOption], sharder_data_map: object = None) -> None:
+        if not sharding_options:
+            return
+        world = self.topology.world_size
+        batch = self.batch_size or sharding_options[0].batch_size
+        model = self.model.with_batch_size(batch)
+        for option in sharding_options:
+            shards = _option_shards(option, world, batch, self.access_hists)
+            compute = np.asarray(model.compute_cost([[s] for s in shards]), dtype=np.float64)
+            dims = np.zeros((len(shards) + 1, max(world, 1)), dtype=np.float32)
+            for i, s in enumerate(shards):
+                dims[i, 0] = s.width
+            comm = model.comm_cost_array(dims, np.zeros_like(dims))[:, 0, :]
+            marginal = np.clip(comm[:-1] - comm[-1], 0.0, None)
+            if option.sharding_type == ShardingType.DATA_PARALLEL.value:
+                marginal[:] = 0.0  # no pooled all-to-all; gradient all-reduce not modelled
+            for shard, (fwd, bwd), (cf, cb) in zip(option.shards, compute, marginal):
+                shard.perf = Perf(
+                    fwd_compute=float(max(fwd, 0.0)),
+                    fwd_comms=float(cf),
+                    bwd_compute=float(max(bwd, 0.0)),
+                    bwd_comms=float(cb),
+                )
+
+
+class NeuralPerfModel(PerfModel):
+    """Rates a whole plan (ms): per rank, the fused-kernel cost of all its shards plus its
+    all-to-all with every rank's dim sum and compute skew; the max over ranks."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        cost_model: NeuralCostModel | None = None,
+        batch_size: int | None = None,
+        access_hists: Mapping[str, tuple[float, ...]] | None = None,
+    ) -> None:
+        self.topology = topology
+        self.model = cost_model or load_pretrained("cpu")
+        self.batch_size = batch_size
+        self.access_hists = dict(access_hists or {})
+
+    def rate(self, plan: list[ShardingOption]) -> float:
+        world = self.topology.world_size
+        if not plan:
+            return 0.0
+        batch = self.batch_size or plan[0].batch_size
+        model = self.model.with_batch_size(batch)
+        devices: list[list[Shard]] = [[] for _ in range(world)]
+        dims = np.zeros((1, world), dtype=np.float32)
+        for option in plan:
+            for shard, ours in zip(option.shards, _option_shards(option, world, batch, self.access_hists)):
+                rank = shard.rank if shard.rank is not None else 0
+                devices[rank].append(ours)
+                if option.sharding_type != ShardingType.DATA_PARALLEL.value:
+                    dims[0, rank] += ours.width
+        compute = np.asarray(model.compute_cost(devices), dtype=np.float64)
+        skew = compute[:, 0] - compute[:, 0].min()
+        comm = model.comm_cost_array(dims, skew[None, :].astype(np.float32))[0]
+        return float((compute.sum(1) + comm.sum(1)).max())
