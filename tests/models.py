@@ -134,3 +134,51 @@ def _local_weights(dmp: nn.Module) -> dict[str, torch.Tensor]:
             for i, shard in enumerate(value.local_shards()):
                 out[f"{key}/{i}"] = shard.tensor.detach().clone()
     return out
+
+
+def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_estimator: bool = False) -> dict:
+    """Worker: plan ``two_tower`` with collective_plan (NeuroShardPlanner, or TorchRec's
+    planner with the neural estimator), shard with DMP, compare with the reference."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+
+    from torchrec_neuroshard.estimators import NeuralPerfEstimator, NeuralPerfModel
+    from torchrec_neuroshard.planner import NeuroShardPlanner
+
+    reference = two_tower()
+    model = two_tower()
+    topology = Topology(world_size=world_size, compute_device="cpu", ddr_cap=64 * 2**20, local_world_size=world_size)
+    cons = {k: ParameterConstraints(**v) for k, v in constraints.items()}
+    sharders = [EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.1})]
+    if use_estimator:
+        enumerator = EmbeddingEnumerator(
+            topology=topology,
+            batch_size=8 * world_size,
+            constraints=cons,
+            estimator=[NeuralPerfEstimator(topology, cons), EmbeddingStorageEstimator(topology, cons)],
+        )
+        planner = EmbeddingShardingPlanner(
+            topology=topology, batch_size=8 * world_size, constraints=cons, enumerator=enumerator,
+            performance_model=NeuralPerfModel(topology),
+        )
+    else:
+        planner = NeuroShardPlanner(topology, batch_size=8 * world_size, constraints=cons)
+    plan = planner.collective_plan(model, sharders)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    copy_into_sharded(dmp, reference)
+    kjt = random_kjt(reference, batch=8 * world_size, seed=2)
+    want = reference(kjt)
+    got = dmp(random_kjt_slice(kjt, rank, world_size))
+    got = got.wait() if hasattr(got, "wait") else got
+    lo, hi = rank * 8, (rank + 1) * 8
+    max_err = max(float((got[k] - want[k][lo:hi]).abs().max()) for k in want)
+    sum(v.sum() for v in got.values()).backward()
+    types = {
+        name: (ps.sharding_type, [int(s.shard_sizes[1]) for s in ps.sharding_spec.shards] if ps.sharding_spec else None)
+        for module_plan in plan.plan.values()
+        for name, ps in module_plan.items()
+    }
+    return {"plan": str(plan), "types": types, "max_err": max_err}

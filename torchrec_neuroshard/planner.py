@@ -121,8 +121,12 @@ class NeuroShardPlanner(ShardingPlanner):
                         f"over {world} ranks of {cap:,} bytes; add ranks or memory"
                     )
                 decided[t.name] = row_wise_sharding(t.rows, t.dim, world, device_type, self.topology.local_world_size)
+                why = (
+                    "restricted to row-wise sharding"
+                    if not allowed & SEARCHABLE
+                    else f"larger than one rank's memory ({t.size_bytes():,} > {cap:,} bytes)"
+                )
                 cap -= -(-t.rows // world) * t.dim * t.bytes_per_element
-                why = "restricted to row-wise sharding" if allowed & ROW_SPLITS and not allowed & SEARCHABLE else f"larger than one rank's memory ({t.size_bytes():,} > {cap:,} bytes)"
                 fallbacks[t.name] = f"{why}: row_wise over all {world} ranks (TorchRec's sharding; not in the predicted cost)"
             elif ShardingType.DATA_PARALLEL.value in allowed:
                 data_parallel.append(t.name)

@@ -1,0 +1,121 @@
+"""NeuroShardPlanner and the neural estimators on real DMP over gloo ranks."""
+
+import logging
+
+import pytest
+import torch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import ParameterConstraints, Topology
+
+from tests.models import plan_shard_and_compare, two_tower
+from torchrec_neuroshard.launch import spawn
+from torchrec_neuroshard.planner import NeuroShardPlanner
+from torchrec_neuroshard.tables import module_for_tables
+from torchrec_neuroshard.types import ShardingError
+from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+
+SHARDERS = [EmbeddingBagCollectionSharder()]
+
+
+def topology(world: int = 2, ddr: int = 64 * 2**20) -> Topology:
+    return Topology(world_size=world, compute_device="cpu", ddr_cap=ddr, local_world_size=world)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_collective_plan_is_identical_on_every_rank_and_dmp_matches_reference(world_size: int) -> None:
+    results = spawn(plan_shard_and_compare, world_size, {})
+    assert len({r["plan"] for r in results}) == 1
+    for r in results:
+        assert r["max_err"] < 1e-5
+
+
+def test_constraints_are_honoured_through_dmp() -> None:
+    constraints = {
+        "a0": {"sharding_types": ["table_wise"]},
+        "a1": {"sharding_types": ["data_parallel"]},
+        "b0": {"sharding_types": ["row_wise"]},
+        "b1": {"sharding_types": ["column_wise", "table_wise"], "pooling_factors": [3.0]},
+    }
+    results = spawn(plan_shard_and_compare, 2, constraints)
+    types = results[0]["types"]
+    assert types["a0"] == ("table_wise", [64])
+    assert types["a1"][0] == "data_parallel"
+    assert types["b0"][0] == "row_wise" and types["b0"][1] == [32, 32]
+    assert types["b1"][0] in ("table_wise", "column_wise")
+    for r in results:
+        assert r["max_err"] < 1e-5
+
+
+def test_neural_estimator_inside_torchrecs_planner_gives_a_plan_dmp_accepts() -> None:
+    results = spawn(plan_shard_and_compare, 2, {}, True)
+    assert len({r["plan"] for r in results}) == 1
+    assert all(r["max_err"] < 1e-5 for r in results)
+
+
+def test_min_partition_and_memory_split(caplog) -> None:
+    task = generate_task(synthetic_pool(), 12, 4, WorkloadScale(), seed=3)
+    module = module_for_tables(task.tables)
+    widest = max(task.tables, key=lambda t: t.dim)
+    cons = {t.name: ParameterConstraints(min_partition=t.dim) for t in task.tables}
+    planner = NeuroShardPlanner(topology(4, task.memory_cap_bytes * 2), constraints=cons)
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
+        plan = planner.plan(module, SHARDERS)
+    assert all(ps.sharding_type == "table_wise" for ps in plan.plan[""].values())
+    assert "predicted embedding cost" in caplog.text and "rank" in caplog.text
+    assert widest.name in caplog.text
+
+
+def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    def model() -> torch.nn.Module:
+        return EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(name="big", embedding_dim=16, num_embeddings=1000, feature_names=["f_big"]),
+                EmbeddingBagConfig(name="small", embedding_dim=8, num_embeddings=40, feature_names=["f_small"]),
+            ],
+            device=torch.device("meta"),
+        )
+
+    # big is 1000 x 16 x 4 = 64,000 bytes; each rank has 40,000
+    planner = NeuroShardPlanner(topology(2, 40_000), storage_reservation=0.0)
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
+        plan = planner.plan(model(), SHARDERS)
+    assert plan.plan[""]["big"].sharding_type == "row_wise"
+    assert plan.plan[""]["small"].sharding_type in ("table_wise", "column_wise")
+    assert "big: larger than one rank's memory (64,000 > 40,000 bytes): row_wise" in caplog.text
+    strict = NeuroShardPlanner(
+        topology(2, 40_000), storage_reservation=0.0,
+        constraints={"big": ParameterConstraints(sharding_types=["table_wise"])},
+    )
+    with pytest.raises(ShardingError, match=r"table 'big' \(64,000 bytes\) is larger than one rank's memory.*allow only \['table_wise'\]"):
+        strict.plan(model(), SHARDERS)
+
+
+def test_bad_inputs_are_clear_errors(tmp_path) -> None:
+    bad = NeuroShardPlanner(topology(), constraints={"a0": ParameterConstraints(sharding_types=["diagonal"])})
+    with pytest.raises(ShardingError, match="table 'a0': unknown sharding type 'diagonal'"):
+        bad.plan(two_tower(), SHARDERS)
+    with pytest.raises(ShardingError, match="contains no torchrec EmbeddingBagCollection"):
+        NeuroShardPlanner(topology()).plan(torch.nn.Linear(3, 3), SHARDERS)
+    with pytest.raises(ShardingError, match="does not fit even row-wise over 2 ranks"):
+        NeuroShardPlanner(topology(2, 100), storage_reservation=0.0).plan(two_tower(), SHARDERS)
+    corrupt = tmp_path / "model.pt"
+    corrupt.write_bytes(b"\x00" * 64)
+    with pytest.raises(ShardingError, match="model.pt: not a readable torchrec-neuroshard cost model"):
+        NeuroShardPlanner(topology(), cost_model=corrupt)
+    with pytest.raises(ShardingError, match="world size 64 is far beyond"):
+        NeuroShardPlanner(topology(64)).plan(two_tower(), SHARDERS)
+
+
+def test_batch_size_other_than_the_models_is_scaled_and_logged(caplog) -> None:
+    task = generate_task(synthetic_pool(), 10, 2, WorkloadScale(), seed=4)
+    module = module_for_tables(task.tables)
+    small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=1024)
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
+        small.plan(module, SHARDERS)
+    assert "batch size 1024 differs from the cost model's 4096: predictions scaled by 0.25" in caplog.text
+    big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2))
+    big.plan(module, SHARDERS)
+    assert small.last_result.predicted_cost_ms == pytest.approx(0.25 * big.last_result.predicted_cost_ms, rel=0.2)
