@@ -81,9 +81,10 @@ def baseline_plan(name: str, task: Task, seed: int = 0) -> Plan:
     return greedy_plan(task, HEURISTIC_KEYS[name])
 
 
-def torchrec_plan(task: Task, device_type: str = "cpu", estimator: object | None = None, max_headroom: float = 4.0):
-    """TorchRec's ``EmbeddingShardingPlanner`` on the task (its analytic perf estimator,
-    or ``estimator`` if given). Returns a TorchRec ShardingPlan.
+def torchrec_plan(task: Task, device_type: str = "cpu", neural: object | None = None, max_headroom: float = 4.0):
+    """TorchRec's ``EmbeddingShardingPlanner`` on the task: its analytic perf estimator, or
+    with ``neural`` (a NeuralCostModel) our ``NeuralPerfEstimator`` and ``NeuralPerfModel``
+    plugged into it. Returns a TorchRec ShardingPlan.
 
     Both planners get the same memory: the task's cap per rank with no storage reservation.
     TorchRec's storage model also counts input/output buffers, which at small sizes can
@@ -95,14 +96,14 @@ def torchrec_plan(task: Task, device_type: str = "cpu", estimator: object | None
     cap_scale = 1.0
     while True:
         try:
-            return _torchrec_plan(task, device_type, estimator, int(task.memory_cap_bytes * cap_scale))
+            return _torchrec_plan(task, device_type, neural, int(task.memory_cap_bytes * cap_scale))
         except PlannerError:
             cap_scale *= 1.25
             if cap_scale > max_headroom:
                 raise
 
 
-def _torchrec_plan(task: Task, device_type: str, estimator: object | None, cap: int):
+def _torchrec_plan(task: Task, device_type: str, neural: object | None, cap: int):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -116,19 +117,27 @@ def _torchrec_plan(task: Task, device_type: str, estimator: object | None, cap: 
         world_size=task.num_devices, compute_device=device_type, local_world_size=task.num_devices, **mem
     )
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
-    enumerator = None
-    if estimator is not None:
+    enumerator = performance_model = None
+    if neural is not None:
+        from torchrec_neuroshard.estimators import NeuralPerfEstimator, NeuralPerfModel
+
+        hists = {t.name: t.access_hist for t in task.tables}
         enumerator = EmbeddingEnumerator(
             topology=topology,
             batch_size=task.batch_size,
             constraints=constraints,
-            estimator=[estimator, EmbeddingStorageEstimator(topology=topology, constraints=constraints)],
+            estimator=[
+                NeuralPerfEstimator(topology, constraints, neural, task.batch_size, hists),
+                EmbeddingStorageEstimator(topology=topology, constraints=constraints),
+            ],
         )
+        performance_model = NeuralPerfModel(topology, neural, task.batch_size, hists)
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=task.batch_size,
         constraints=constraints,
         enumerator=enumerator,
+        performance_model=performance_model,
         storage_reservation=FixedPercentageStorageReservation(0.0),
     )
     return planner.plan(module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])

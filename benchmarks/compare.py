@@ -1,0 +1,276 @@
+"""NeuroShard against TorchRec's planner and the classic heuristics, on measured cost.
+
+    python -m benchmarks.compare                 # the committed suite, results/ updated
+    python -m benchmarks.compare --limit 2       # a quick look
+
+Every planner plans every task of a fixed suite (benchmarks/tasks/suite.json, made by the
+task generator and committed); every plan is measured by the plan evaluator (fused TBE
+compute per device, all-to-all on a real gloo/NCCL group), all of a task's plans
+interleaved over rounds. Results append to a JSONL file, so an interrupted run resumes.
+Prints a markdown table and writes it, with PNG plots, under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+from tqdm import tqdm
+
+from torchrec_neuroshard.baselines import BASELINES, baseline_plan, torchrec_plan
+from torchrec_neuroshard.collect import hardware, read_rows
+from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.evaluate import evaluate_plans
+from torchrec_neuroshard.launch import default_device
+from torchrec_neuroshard.search import search
+from torchrec_neuroshard.sharding import from_torchrec
+from torchrec_neuroshard.types import Plan, ShardingError, Task
+from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+
+HERE = Path(__file__).parent
+SUITE_SIZES = ((20, 2), (40, 4), (60, 4), (80, 8))
+PLANNERS = ("neuroshard", "torchrec", "torchrec_neural", *BASELINES)
+LABELS = {
+    "neuroshard": "NeuroShard",
+    "torchrec": "TorchRec",
+    "torchrec_neural": "TorchRec+NeuralEst",
+    "random": "Random",
+    "size": "Size",
+    "dim": "Dim",
+    "lookup": "Lookup",
+    "size_lookup": "Size-lookup",
+}
+
+
+def make_suite(tasks_per_size: int, sizes: Sequence[tuple[int, int]] = SUITE_SIZES, scale: WorkloadScale = WorkloadScale()) -> list[Task]:
+    pool = synthetic_pool()
+    return [
+        generate_task(pool, t, d, scale, seed=1000 * t + 10 * d + k)
+        for t, d in sizes
+        for k in range(tasks_per_size)
+    ]
+
+
+def save_suite(tasks: Sequence[Task], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([json.loads(t.to_json()) for t in tasks]))
+
+
+def load_suite(path: Path) -> list[Task]:
+    return [Task.from_json(json.dumps(d)) for d in json.loads(path.read_text())]
+
+
+def plan_task(name: str, task: Task, model: NeuralCostModel) -> Plan:
+    device_type = default_device().type
+    if name == "neuroshard":
+        return search(task, model).plan
+    if name == "torchrec":
+        return from_torchrec(torchrec_plan(task, device_type), task.num_devices)
+    if name == "torchrec_neural":
+        return from_torchrec(torchrec_plan(task, device_type, neural=model), task.num_devices)
+    return baseline_plan(name, task)
+
+
+def run(
+    tasks: Sequence[Task],
+    results_path: Path,
+    planners: Sequence[str] = PLANNERS,
+    rounds: int = 3,
+    model: NeuralCostModel | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Plan and measure every task not yet in ``results_path``; returns all rows."""
+    model = model or load_pretrained()
+    done = {r["task"] for r in read_rows(results_path)}
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    for i, task in enumerate(tqdm(tasks, desc="tasks", disable=not progress)):
+        if i in done:
+            continue
+        m = model.with_batch_size(task.batch_size) if task.batch_size != model.batch_size else model
+        plans, rows = {}, []
+        for name in planners:
+            t0 = time.perf_counter()
+            row = {"task": i, "tables": len(task.tables), "devices": task.num_devices, "planner": name}
+            try:
+                plan = plan_task(name, task, m)
+                row["planning_s"] = time.perf_counter() - t0
+                plan.validate(task)
+                plans[name] = plan
+                row["splits"] = sum(len(p.widths) > 1 for p in plan.placements)
+                row["data_parallel"] = len(plan.data_parallel)
+            except Exception as e:  # noqa: BLE001 - a planner failing is a result to report
+                row["planning_s"] = time.perf_counter() - t0
+                row["status"] = f"invalid: {type(e).__name__}: {str(e)[:200]}"
+            rows.append(row)
+        measured = evaluate_plans(task, list(plans.values()), rounds=rounds)
+        by_name = dict(zip(plans, measured))
+        with open(results_path, "a") as f:
+            for row in rows:
+                if row["planner"] in by_name:
+                    pm = by_name[row["planner"]]
+                    row["status"] = "ok"
+                    row["cost_ms"] = pm.cost_ms
+                    row["iqr_ms"] = pm.spread_ms
+                    row["per_device"] = [[d.fwd_compute, d.bwd_compute, d.fwd_comm, d.bwd_comm] for d in pm.devices]
+                f.write(json.dumps(row) + "\n")
+    return read_rows(results_path)
+
+
+def geomean(xs: Sequence[float]) -> float:
+    return math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")
+
+
+def summarize(rows: Sequence[dict], planners: Sequence[str] = PLANNERS) -> tuple[str, dict]:
+    """The markdown table and headline figures."""
+    by_task: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by_task.setdefault(r["task"], {})[r["planner"]] = r
+    sizes = sorted({(r["tables"], r["devices"]) for r in rows})
+    lines = [
+        "| T, D | planner | mean ms | median ms | ratio to TorchRec (geomean) | invalid | planning s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for size in sizes:
+        tasks = [t for t, p in by_task.items() if (next(iter(p.values()))["tables"], next(iter(p.values()))["devices"]) == size]
+        for name in planners:
+            ok = [by_task[t][name] for t in tasks if by_task[t].get(name, {}).get("status") == "ok"]
+            costs = [r["cost_ms"] for r in ok]
+            ratios = [
+                by_task[t][name]["cost_ms"] / by_task[t]["torchrec"]["cost_ms"]
+                for t in tasks
+                if by_task[t].get(name, {}).get("status") == "ok" and by_task[t].get("torchrec", {}).get("status") == "ok"
+            ]
+            invalid = sum(1 for t in tasks if by_task[t].get(name, {}).get("status", "ok") != "ok")
+            plan_s = [by_task[t][name]["planning_s"] for t in tasks if name in by_task[t]]
+            lines.append(
+                f"| {size[0]}, {size[1]} | {LABELS.get(name, name)} | "
+                f"{statistics.mean(costs) if costs else float('nan'):.2f} | {statistics.median(costs) if costs else float('nan'):.2f} | "
+                f"{geomean(ratios):.3f} | {invalid}/{len(tasks)} | {statistics.mean(plan_s) if plan_s else float('nan'):.2f} |"
+            )
+    ratios = [
+        p["neuroshard"]["cost_ms"] / p["torchrec"]["cost_ms"]
+        for p in by_task.values()
+        if p.get("neuroshard", {}).get("status") == "ok" and p.get("torchrec", {}).get("status") == "ok"
+    ]
+    beats = []
+    for p in by_task.values():
+        if p.get("neuroshard", {}).get("status") != "ok":
+            continue
+        heur = [p[b]["cost_ms"] for b in BASELINES if p.get(b, {}).get("status") == "ok"]
+        beats.append(all(p["neuroshard"]["cost_ms"] < c for c in heur))
+    headline = {
+        "tasks": len(by_task),
+        "neuroshard_over_torchrec_geomean": geomean(ratios),
+        "neuroshard_below_every_heuristic": sum(beats) / len(beats) if beats else float("nan"),
+    }
+    return "\n".join(lines), headline
+
+
+def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS) -> list[Path]:
+    """Per-planner cost bars (geomean ratio to TorchRec per size) and one task's per-device
+    breakdown, NeuroShard vs TorchRec."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    by_task: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by_task.setdefault(r["task"], {})[r["planner"]] = r
+    sizes = sorted({(r["tables"], r["devices"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(10, 4))
+    width = 0.8 / len(planners)
+    for k, name in enumerate(planners):
+        vals = []
+        for size in sizes:
+            ratios = [
+                p[name]["cost_ms"] / p["torchrec"]["cost_ms"]
+                for p in by_task.values()
+                if (p["torchrec"]["tables"], p["torchrec"]["devices"]) == size
+                and p.get(name, {}).get("status") == "ok" and p["torchrec"].get("status") == "ok"
+            ]
+            vals.append(geomean(ratios))
+        ax.bar(np.arange(len(sizes)) + k * width, vals, width, label=LABELS.get(name, name))
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(sizes)) + 0.4 - width / 2, [f"T={t}, D={d}" for t, d in sizes])
+    ax.set_ylabel("measured embedding cost / TorchRec's")
+    ax.legend(ncol=4, fontsize=8)
+    ax.set_title("Measured embedding cost relative to TorchRec's planner (geomean over tasks)")
+    fig.tight_layout()
+    bars = out_dir / "cost_by_planner.png"
+    fig.savefig(bars, dpi=110)
+    plt.close(fig)
+
+    both = [t for t, p in by_task.items() if p.get("neuroshard", {}).get("status") == "ok" and p.get("torchrec", {}).get("status") == "ok"]
+    paths = [bars]
+    if both:
+        t = max(both, key=lambda t: by_task[t]["torchrec"]["devices"])
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+        parts = ("fwd compute", "bwd compute", "fwd comm", "bwd comm")
+        for ax, name in zip(axes, ("neuroshard", "torchrec")):
+            per = np.asarray(by_task[t][name]["per_device"])
+            bottom = np.zeros(len(per))
+            for j, label in enumerate(parts):
+                ax.bar(np.arange(len(per)), per[:, j], bottom=bottom, label=label)
+                bottom += per[:, j]
+            ax.set_title(f"{LABELS[name]}: {by_task[t][name]['cost_ms']:.1f} ms")
+            ax.set_xlabel("device")
+        axes[0].set_ylabel("measured ms")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"Per-device measured cost, task {t} (T={by_task[t]['torchrec']['tables']}, D={by_task[t]['torchrec']['devices']})")
+        fig.tight_layout()
+        breakdown = out_dir / "per_device_breakdown.png"
+        fig.savefig(breakdown, dpi=110)
+        plt.close(fig)
+        paths.append(breakdown)
+    return paths
+
+
+def write_report(rows: Sequence[dict], out_dir: Path, note: str = "") -> str:
+    table, headline = summarize(rows)
+    hw = hardware(default_device(), 1)
+    text = (
+        f"# Planner comparison on measured embedding cost\n\n"
+        f"Date: {datetime.date.today()}. Hardware: {hw['device']} ({hw['device_name']}), torch "
+        f"{hw['torch']}, fbgemm-gpu {hw['fbgemm_gpu']}, compute timed on 1 thread, comm on gloo.\n"
+        f"{note}\n\n{table}\n\n"
+        f"NeuroShard / TorchRec, geometric mean over {headline['tasks']} tasks: "
+        f"**{headline['neuroshard_over_torchrec_geomean']:.3f}**. NeuroShard below every heuristic on "
+        f"**{100 * headline['neuroshard_below_every_heuristic']:.0f}%** of tasks.\n"
+    )
+    (out_dir / "compare.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", type=Path, default=HERE / "tasks" / "suite.json")
+    p.add_argument("--tasks-per-size", type=int, default=5, help="when (re)making the suite")
+    p.add_argument("--new-suite", action="store_true", help="regenerate the suite file")
+    p.add_argument("--out", type=Path, default=HERE / "results")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--limit", type=int, help="only the first N tasks")
+    args = p.parse_args(argv)
+    if args.new_suite or not args.suite.exists():
+        save_suite(make_suite(args.tasks_per_size), args.suite)
+    tasks = load_suite(args.suite)[: args.limit]
+    results = args.out / ("compare.jsonl" if args.limit is None else f"compare_first{args.limit}.jsonl")
+    rows = run(tasks, results, rounds=args.rounds)
+    rows = [r for r in rows if r["task"] < len(tasks)]
+    print(write_report(rows, args.out, note=f"Suite: {args.suite.name}, {len(tasks)} tasks, {args.rounds} interleaved rounds per task."))
+    for path in plot(rows, args.out):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ShardingError as e:
+        raise SystemExit(f"compare: {e}")
