@@ -6,7 +6,7 @@ TORCHREC_VERSION ?= 1.8.0
 BIN := $(VENV)/bin
 NPROC ?= 2
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench data model clean
 
 venv: $(VENV)/.installed
 
@@ -26,7 +26,21 @@ demo: venv
 	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) examples/dlrm_torchrun.py --planner neuroshard,torchrec
 
 bench: venv
+	$(BIN)/python -m benchmarks.costmodel
+	$(BIN)/python -m benchmarks.search_speed
 	$(BIN)/python -m benchmarks.compare
+
+# Re-collect the shipped CPU datasets (resumable: re-run to continue), then re-train.
+data: venv
+	mkdir -p runs
+	for D in 2 4 8; do $(BIN)/neuroshard collect comm --world-size $$D --samples 1200 --out runs/cpu_comm.jsonl; done
+	$(BIN)/neuroshard collect compute --samples 10000 --out runs/cpu_compute.jsonl
+	gzip -9 -c runs/cpu_compute.jsonl > torchrec_neuroshard/data/cpu_compute.jsonl.gz
+	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/data/cpu_comm.jsonl.gz
+
+model: venv
+	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/data/cpu_compute.jsonl.gz \
+		torchrec_neuroshard/data/cpu_comm.jsonl.gz --out torchrec_neuroshard/pretrained/cpu.pt
 
 clean:
 	rm -rf $(VENV) *.egg-info

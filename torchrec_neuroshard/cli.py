@@ -29,6 +29,11 @@ def _collect(args: argparse.Namespace) -> None:
             f"median CV {100 * statistics.median(cvs):.1f}%, mean {100 * statistics.mean(cvs):.1f}%, "
             f"max {100 * max(cvs):.1f}%"
         )
+        cvs = collect.comm_noise(args.world_size, args.samples, args.trials, seed=args.seed)
+        print(
+            f"comm noise (D={args.world_size}) over {len(cvs)} sample-devices x {args.trials} trials: "
+            f"median CV {100 * statistics.median(cvs):.1f}%, mean {100 * statistics.mean(cvs):.1f}%"
+        )
 
 
 def _pretrain(args: argparse.Namespace) -> None:

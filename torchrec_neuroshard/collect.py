@@ -287,5 +287,31 @@ def collect_comm(
     return num_samples
 
 
+def _comm_noise_worker(rank: int, world_size: int, num_samples: int, trials: int, seed: int, batch_size: int) -> list[float]:
+    from torchrec_neuroshard.launch import default_device
+
+    device = default_device(rank)
+    samples = [draw_comm_sample(world_size, seed, i) for i in range(num_samples)]
+    totals: list[list[list[float]]] = [[] for _ in samples]
+    for _ in range(trials):
+        for k, s in enumerate(samples):
+            m = measure_comm(s.dims, s.skews_ms, batch_size, device)
+            totals[k].append([f + b for f, b in zip(m.fwd_ms, m.bwd_ms)])
+    cvs = []
+    for per_trial in totals:
+        for dev in zip(*per_trial):
+            cvs.append(statistics.stdev(dev) / statistics.mean(dev))
+    return cvs
+
+
+def comm_noise(world_size: int, num_samples: int, trials: int, seed: int = 0, batch_size: int | None = None) -> list[float]:
+    """CV of per-device fwd+bwd all-to-all ms of fixed comm samples re-measured ``trials``
+    times (interleaved), one value per (sample, device)."""
+    from torchrec_neuroshard.launch import default_device, spawn
+
+    batch_size = batch_size or WorkloadScale.for_device(default_device()).batch_size
+    return spawn(_comm_noise_worker, world_size, num_samples, trials, seed, batch_size)[0]
+
+
 def iter_kind(rows: Sequence[dict], kind: str) -> Iterator[dict]:
     return (r for r in rows if r.get("kind") == kind)

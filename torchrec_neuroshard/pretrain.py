@@ -30,15 +30,20 @@ from torchrec_neuroshard.costmodel import (
     device_features,
     shard_features,
 )
+from torchrec_neuroshard.measure_compute import cpu_threads
 from torchrec_neuroshard.types import ShardingError
+
+TRAIN_THREADS = 1
+"""The nets are small: one intra-op thread trains them fastest, and far faster than two
+when another process holds a core (measured 14x on this project's 2-core machines)."""
 
 # ---------------------------------------------------------------- data
 
 
 @dataclass(frozen=True)
 class ComputeData:
-    """Compute samples: shard features x [S, F], owning sample of each shard [S],
-    targets y [N, 2] (forward, backward ms), sample group [N]."""
+    """Compute samples: shard features x [S, F] with each sample's shards contiguous,
+    owning sample of each shard [S], targets y [N, 2] (forward, backward ms), group [N]."""
 
     x: torch.Tensor
     sample: torch.Tensor
@@ -46,10 +51,18 @@ class ComputeData:
     group: np.ndarray
 
     def subset(self, keep: np.ndarray) -> "ComputeData":
-        keep_t = torch.as_tensor(keep)
-        shard_keep = keep_t[self.sample]
-        renumber = torch.cumsum(keep_t.long(), 0) - 1
-        return ComputeData(self.x[shard_keep], renumber[self.sample[shard_keep]], self.y[keep_t], self.group[keep])
+        """The samples where ``keep`` (a boolean mask [N] or sample indices) holds."""
+        idx = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.sort(np.asarray(keep))
+        counts = torch.bincount(self.sample, minlength=len(self)).numpy()
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        n = counts[idx]
+        shard_idx = np.repeat(starts[idx] - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(n.sum())
+        return ComputeData(
+            self.x[torch.as_tensor(shard_idx)],
+            torch.as_tensor(np.repeat(np.arange(len(idx)), n)),
+            self.y[torch.as_tensor(idx)],
+            self.group[idx],
+        )
 
     def __len__(self) -> int:
         return self.y.shape[0]
@@ -131,9 +144,14 @@ def _compute_predict(net: ComputeNet, norm: Normalizer, data: ComputeData) -> to
 
 
 def train_compute(
-    train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int = 512, lr: float = 1e-3, patience: int = 15, progress: bool = True
+    train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int = 64, lr: float = 1e-3, patience: int = 20, progress: bool = True
 ) -> tuple[ComputeNet, Normalizer, dict]:
     """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint."""
+    with cpu_threads(TRAIN_THREADS):
+        return _train_compute(train, val, epochs, seed, batch, lr, patience, progress)
+
+
+def _train_compute(train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int, lr: float, patience: int, progress: bool) -> tuple[ComputeNet, Normalizer, dict]:
     torch.manual_seed(seed)
     norm = Normalizer.fit(train.x)
     net = ComputeNet()
@@ -144,9 +162,7 @@ def train_compute(
     for epoch in bar:
         net.train()
         for idx in np.array_split(rng.permutation(len(train)), max(1, len(train) // batch)):
-            keep = np.zeros(len(train), dtype=bool)
-            keep[idx] = True
-            b = train.subset(keep)
+            b = train.subset(idx)
             loss = ((_compute_predict(net, norm, b) - b.y.log()) ** 2).mean()
             opt.zero_grad()
             loss.backward()
@@ -175,9 +191,14 @@ def _comm_predict(net: CommNet, norm: Normalizer, data: CommData) -> torch.Tenso
 
 
 def train_comm(
-    train: CommData, val: CommData, epochs: int, seed: int, batch: int = 512, lr: float = 1e-3, patience: int = 15, progress: bool = True
+    train: CommData, val: CommData, epochs: int, seed: int, batch: int = 128, lr: float = 1e-3, patience: int = 15, progress: bool = True
 ) -> tuple[CommNet, Normalizer, dict]:
     """Fit per-device (forward, backward) ms in log space; best validation checkpoint."""
+    with cpu_threads(TRAIN_THREADS):
+        return _train_comm(train, val, epochs, seed, batch, lr, patience, progress)
+
+
+def _train_comm(train: CommData, val: CommData, epochs: int, seed: int, batch: int, lr: float, patience: int, progress: bool) -> tuple[CommNet, Normalizer, dict]:
     torch.manual_seed(seed)
     norm = Normalizer.fit(train.x)
     net = CommNet()

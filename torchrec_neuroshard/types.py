@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -377,33 +377,3 @@ class CostModel(abc.ABC):
             for k, i in enumerate(idx):
                 out[i] = (arr[k, :, 0].tolist(), arr[k, :, 1].tolist())
         return out
-
-
-def plan_cost(model: CostModel, task: Task, plan: Plan) -> tuple[float, list[DeviceCost]]:
-    """Predicted embedding cost (ms): max over devices of compute + comm, and the breakdown."""
-    return plans_cost(model, task, [plan])[0]
-
-
-def plans_cost(
-    model: CostModel, task: Task, plans: Iterable[Plan]
-) -> list[tuple[float, list[DeviceCost]]]:
-    """``plan_cost`` for many plans with one batched call per cost head."""
-    plans = list(plans)
-    shards = [plan.device_shards(task.tables) for plan in plans]
-    flat = [dev for s in shards for dev in s]
-    compute = model.compute_cost(flat)
-    dims, skews, per_plan_compute = [], [], []
-    i = 0
-    for plan in plans:
-        c = compute[i : i + plan.num_devices]
-        i += plan.num_devices
-        per_plan_compute.append(c)
-        earliest = min(f for f, _ in c)
-        dims.append(plan.device_dims())
-        skews.append([f - earliest for f, _ in c])
-    comm = model.comm_cost(dims, skews)
-    out = []
-    for c, (fwd, bwd) in zip(per_plan_compute, comm):
-        devs = [DeviceCost(cf, cb, ff, fb) for (cf, cb), ff, fb in zip(c, fwd, bwd)]
-        out.append((max(d.total for d in devs), devs))
-    return out

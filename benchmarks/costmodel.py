@@ -1,0 +1,138 @@
+"""Accuracy of the shipped cost model on its held-out test split, beside TorchRec's formula.
+
+    python -m benchmarks.costmodel
+
+Prints, on the test split the model was trained without (same split function and seed):
+compute fwd+bwd MAPE and Spearman, TorchRec's EmbeddingPerfEstimator on the same shards
+(its fused-kernel fwd+bwd compute summed over a device's tables), comm MAPE per device
+for every world size, comm MAPE on a world size held out of training entirely (a comm
+model re-trained without D=4, tested on all D=4 samples), and the measurement noise floor
+(CV of re-measured samples). Targets: compute MAPE <= 8% and Spearman >= 0.95; comm MAPE
+<= 10%; unseen world size <= 15%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from torchrec_neuroshard.collect import compute_noise, comm_noise, iter_kind, read_rows, shard_from_record
+from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
+from torchrec_neuroshard.launch import default_device
+from torchrec_neuroshard.pretrain import (
+    comm_metrics,
+    compute_metrics,
+    load_comm_data,
+    load_compute_data,
+    mape,
+    spearman,
+    split_by_group,
+    train_comm,
+)
+from torchrec_neuroshard.types import TableSpec
+
+DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "data"
+
+
+def torchrec_estimates(samples: Sequence[dict], world_size: int = 2) -> list[float]:
+    """TorchRec's EmbeddingPerfEstimator fwd+bwd compute (ms) of each compute sample: the
+    table-wise fused shard perf of each of its tables, summed (TorchRec's own rating)."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+
+    from torchrec_neuroshard.tables import module_for_tables
+
+    specs: dict[str, TableSpec] = {}
+    for r in samples:
+        for s in r["shards"]:
+            shard = shard_from_record(s)
+            name = f"{s['name']}_w{s['width']}"
+            specs[name] = TableSpec(name, shard.table.rows, shard.width, shard.table.pooling_factor, shard.table.access_hist)
+    topology = Topology(world_size=world_size, compute_device="cpu", local_world_size=world_size)
+    cons = {
+        n: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"], pooling_factors=[t.pooling_factor])
+        for n, t in specs.items()
+    }
+    enum = EmbeddingEnumerator(
+        topology, samples[0]["batch_size"], cons,
+        estimator=[EmbeddingPerfEstimator(topology, cons), EmbeddingStorageEstimator(topology, cons)],
+    )  # fmt: skip
+    options = enum.enumerate(module_for_tables(specs.values()), [EmbeddingBagCollectionSharder()])
+    perf = {o.name: o.shards[0].perf for o in options}
+    return [
+        sum(perf[f"{s['name']}_w{s['width']}"].fwd_compute + perf[f"{s['name']}_w{s['width']}"].bwd_compute for s in r["shards"])
+        for r in samples
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=PRETRAINED_DIR / "cpu.pt")
+    p.add_argument("--data", nargs="+", default=[str(DATA_DIR / "cpu_compute.jsonl.gz"), str(DATA_DIR / "cpu_comm.jsonl.gz")])
+    p.add_argument("--holdout-world-size", type=int, default=4)
+    p.add_argument("--noise-samples", type=int, default=12, help="0 skips the noise measurement")
+    p.add_argument("--noise-trials", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=200, help="for the held-out-world-size comm model")
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    model = NeuralCostModel.load(args.model)
+    seed = int(model.meta.get("seed", 0))
+    rows = [r for path in args.data for r in read_rows(path)]
+
+    cdata = load_compute_data(rows)
+    _, _, test = split_by_group(cdata.group, seed)
+    ours = compute_metrics(model.compute_net, model.compute_norm, cdata.subset(test))
+    compute_rows = list(iter_kind(rows, "compute"))
+    test_rows = [r for r, keep in zip(compute_rows, test) if keep]
+    tr = torch.tensor(torchrec_estimates(test_rows), dtype=torch.float64)
+    truth = cdata.subset(test).y.sum(1).double()
+    print(f"## Compute model (test split: {ours['samples']} fused multi-table kernels, unseen table sets)\n")
+    print("| estimator | fwd+bwd MAPE % | Spearman | fwd MAPE % | bwd MAPE % |")
+    print("|---|---|---|---|---|")
+    print(f"| NeuroShard (ours) | {ours['mape_total']:.1f} | {ours['spearman_total']:.3f} | {ours['mape_fwd']:.1f} | {ours['mape_bwd']:.1f} |")
+    print(f"| TorchRec EmbeddingPerfEstimator | {mape(tr, truth):.1f} | {spearman(tr, truth):.3f} | - | - |")
+    scale = float((truth / tr).median())
+    print(f"| TorchRec, rescaled by its median ratio ({scale:.3g}) | {mape(tr * scale, truth):.1f} | {spearman(tr, truth):.3f} | - | - |")
+
+    mdata = load_comm_data(rows)
+    mtrain, mval, mtest = split_by_group(mdata.group, seed)
+    print("\n## Comm model (per device, test split)\n")
+    print("| world size | devices | fwd+bwd MAPE % | fwd MAPE % | bwd MAPE % | Spearman |")
+    print("|---|---|---|---|---|---|")
+    for d in sorted(set(mdata.world_size.tolist())):
+        m = comm_metrics(model.comm_net, model.comm_norm, mdata.subset(mtest & (mdata.world_size == d)))
+        print(f"| {d} | {m['devices']} | {m['mape_total']:.1f} | {m['mape_fwd']:.1f} | {m['mape_bwd']:.1f} | {m['spearman_total']:.3f} |")
+    held = args.holdout_world_size
+    seen = mdata.world_size != held
+    net, norm, _ = train_comm(mdata.subset(mtrain & seen), mdata.subset(mval & seen), args.epochs, seed, progress=False)
+    m = comm_metrics(net, norm, mdata.subset(~seen))
+    print(
+        f"| {held}, never seen in training | {m['devices']} | {m['mape_total']:.1f} | {m['mape_fwd']:.1f} | "
+        f"{m['mape_bwd']:.1f} | {m['spearman_total']:.3f} |"
+    )
+
+    if args.noise_samples:
+        device = default_device()
+        cv = compute_noise(args.noise_samples, args.noise_trials, device)
+        print(f"\nNoise floor, compute: median CV {100 * statistics.median(cv):.1f}% "
+              f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} samples x {args.noise_trials} re-measurements")
+        for d in (2, held):
+            cv = comm_noise(d, args.noise_samples, args.noise_trials)
+            print(f"Noise floor, comm D={d}: median CV {100 * statistics.median(cv):.1f}% "
+                  f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} sample-devices x {args.noise_trials}")
+    meta = model.meta
+    size_kb = args.model.stat().st_size / 1024
+    params = sum(p.numel() for p in model.compute_net.parameters()) + sum(p.numel() for p in model.comm_net.parameters())
+    print(f"\nModel {args.model.name}: {params:,} parameters, {size_kb:.0f} KiB, trained in {meta['train_seconds']} s "
+          f"on {meta['hardware']['device']} ({meta['hardware']['device_name']}), batch {meta['batch_size']}, "
+          f"world sizes {meta['world_sizes_trained']}")
+
+
+if __name__ == "__main__":
+    main()

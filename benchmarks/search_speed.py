@@ -1,0 +1,61 @@
+"""How long planning takes: NeuroShard's search vs TorchRec's EmbeddingShardingPlanner.
+
+    python -m benchmarks.search_speed
+
+On one core (torch and BLAS limited to one thread), for tasks of T tables on D devices
+from the task generator: the median of 3 NeuroShard searches (with the split states it
+scored) and one TorchRec planning run on the same tables and memory. Targets: 60 tables
+on 4 devices under 1 s, 856 tables on 128 devices under 10 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from threadpoolctl import threadpool_limits
+
+from torchrec_neuroshard.baselines import torchrec_plan
+from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.search import search
+from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+
+GRID = ((20, 2), (60, 4), (200, 16), (500, 64), (856, 128))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    model = load_pretrained()
+    pool = synthetic_pool()
+    print("| T | D | NeuroShard s (median, min-max) | split states scored | TorchRec planner s |")
+    print("|---|---|---|---|---|")
+    with threadpool_limits(limits=1):
+        for t, d in GRID:
+            task = generate_task(pool, t, d, WorkloadScale(), seed=t + d)
+            times, states = [], 0
+            for _ in range(args.repeats):
+                result = search(task, model)
+                times.append(result.seconds)
+                states = result.states_evaluated
+            tr = "skipped"
+            if not args.no_torchrec:
+                t0 = time.perf_counter()
+                try:
+                    torchrec_plan(task)
+                    tr = f"{time.perf_counter() - t0:.2f}"
+                except Exception as e:  # noqa: BLE001 - report, do not hide
+                    tr = f"failed after {time.perf_counter() - t0:.1f} s ({type(e).__name__})"
+            print(
+                f"| {t} | {d} | {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) | {states} | {tr} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
