@@ -28,16 +28,17 @@ from torchrec_neuroshard.collect import hardware, read_rows
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.evaluate import evaluate_plans
 from torchrec_neuroshard.launch import default_device
-from torchrec_neuroshard.search import search
+from torchrec_neuroshard.search import SearchConfig, default_scales, search
 from torchrec_neuroshard.sharding import from_torchrec
 from torchrec_neuroshard.types import Plan, ShardingError, Task
 from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
 
 HERE = Path(__file__).parent
 SUITE_SIZES = ((20, 2), (40, 4), (60, 4), (80, 8))
-PLANNERS = ("neuroshard", "torchrec", "torchrec_neural", *BASELINES)
+PLANNERS = ("neuroshard", "neuroshard_prototype", "torchrec", "torchrec_neural", *BASELINES)
 LABELS = {
     "neuroshard": "NeuroShard",
+    "neuroshard_prototype": "NeuroShard (prototype search)",
     "torchrec": "TorchRec",
     "torchrec_neural": "TorchRec+NeuralEst",
     "random": "Random",
@@ -70,6 +71,11 @@ def plan_task(name: str, task: Task, model: NeuralCostModel) -> Plan:
     device_type = default_device().type
     if name == "neuroshard":
         return search(task, model).plan
+    if name == "neuroshard_prototype":
+        # the published algorithm alone: no baseline seeding, no local pass, no
+        # unconstrained last grid point
+        config = SearchConfig(scales=default_scales()[:-1], local_search=False, seed_with_baselines=False)
+        return search(task, model, config).plan
     if name == "torchrec":
         return from_torchrec(torchrec_plan(task, device_type), task.num_devices)
     if name == "torchrec_neural":
