@@ -14,10 +14,11 @@ import copy
 import math
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, Union
 
 import numpy as np
 import torch
+from torch import nn
 from tqdm import tqdm
 
 from torchrec_neuroshard.collect import iter_kind, read_rows, shard_from_record
@@ -79,11 +80,15 @@ class CommData:
     world_size: np.ndarray
 
     def subset(self, keep: np.ndarray) -> "CommData":
+        """The devices where ``keep`` (a boolean mask [M] or indices) holds."""
         keep_t = torch.as_tensor(keep)
         return CommData(self.x[keep_t], self.y[keep_t], self.group[keep], self.world_size[keep])
 
     def __len__(self) -> int:
         return self.y.shape[0]
+
+
+Data = Union[ComputeData, CommData]
 
 
 def load_compute_data(rows: Sequence[dict]) -> ComputeData:
@@ -143,89 +148,81 @@ def _compute_predict(net: ComputeNet, norm: Normalizer, data: ComputeData) -> to
     return net(norm(data.x), data.sample, len(data))
 
 
+def _comm_predict(net: CommNet, norm: Normalizer, data: CommData) -> torch.Tensor:
+    return net(norm(data.x), data.x[:, DEVICE_FEATURES.index("wait_ms")])
+
+
+def _fit(
+    net: nn.Module,
+    loss_of: Callable[[Data], torch.Tensor],
+    train: Data,
+    val: Data,
+    epochs: int,
+    seed: int,
+    batch: int,
+    lr: float,
+    patience: int,
+    progress: bool,
+    desc: str,
+) -> dict:
+    """Adam on shuffled minibatches of samples; stop after ``patience`` epochs without a
+    better validation loss and restore the best weights. Returns the training log."""
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    best, best_state, since, history = math.inf, copy.deepcopy(net.state_dict()), 0, []
+    with cpu_threads(TRAIN_THREADS):
+        bar = tqdm(range(epochs), desc=desc, disable=not progress)
+        for _ in bar:
+            net.train()
+            for idx in np.array_split(rng.permutation(len(train)), max(1, len(train) // batch)):
+                loss = loss_of(train.subset(idx))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            net.eval()
+            with torch.no_grad():
+                val_loss = float(loss_of(val))
+            history.append(val_loss)
+            bar.set_postfix(val_loss=f"{val_loss:.4f}")
+            if val_loss < best:
+                best, best_state, since = val_loss, copy.deepcopy(net.state_dict()), 0
+            else:
+                since += 1
+                if since >= patience:
+                    break
+    net.load_state_dict(best_state)
+    net.eval()
+    return {"val_loss": best, "epochs": len(history), "history": history}
+
+
 def train_compute(
     train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int = 64, lr: float = 1e-3, patience: int = 20, progress: bool = True
 ) -> tuple[ComputeNet, Normalizer, dict]:
     """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint."""
-    with cpu_threads(TRAIN_THREADS):
-        return _train_compute(train, val, epochs, seed, batch, lr, patience, progress)
-
-
-def _train_compute(train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int, lr: float, patience: int, progress: bool) -> tuple[ComputeNet, Normalizer, dict]:
     torch.manual_seed(seed)
     norm = Normalizer.fit(train.x)
     net = ComputeNet()
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    rng = np.random.default_rng(seed)
-    best, best_state, since, history = math.inf, None, 0, []
-    bar = tqdm(range(epochs), desc="compute model", disable=not progress)
-    for epoch in bar:
-        net.train()
-        for idx in np.array_split(rng.permutation(len(train)), max(1, len(train) // batch)):
-            b = train.subset(idx)
-            loss = ((_compute_predict(net, norm, b) - b.y.log()) ** 2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        net.eval()
-        with torch.no_grad():
-            val_loss = float(((_compute_predict(net, norm, val) - val.y.log()) ** 2).mean())
-        history.append(val_loss)
-        bar.set_postfix(val_loss=f"{val_loss:.4f}")
-        if val_loss < best:
-            best, best_state, since = val_loss, copy.deepcopy(net.state_dict()), 0
-        else:
-            since += 1
-            if since >= patience:
-                break
-    net.load_state_dict(best_state)
-    return net.eval(), norm, {"val_loss": best, "epochs": len(history), "history": history}
-
-
-def _comm_loss(pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return ((torch.log(pred + 0.1) - torch.log(y + 0.1)) ** 2).mean()
-
-
-def _comm_predict(net: CommNet, norm: Normalizer, data: CommData) -> torch.Tensor:
-    return net(norm(data.x), data.x[:, DEVICE_FEATURES.index("wait_ms")])
+    log = _fit(
+        net, lambda d: ((_compute_predict(net, norm, d) - d.y.log()) ** 2).mean(),
+        train, val, epochs, seed, batch, lr, patience, progress, "compute model",
+    )  # fmt: skip
+    return net, norm, log
 
 
 def train_comm(
     train: CommData, val: CommData, epochs: int, seed: int, batch: int = 128, lr: float = 1e-3, patience: int = 15, progress: bool = True
 ) -> tuple[CommNet, Normalizer, dict]:
-    """Fit per-device (forward, backward) ms in log space; best validation checkpoint."""
-    with cpu_threads(TRAIN_THREADS):
-        return _train_comm(train, val, epochs, seed, batch, lr, patience, progress)
-
-
-def _train_comm(train: CommData, val: CommData, epochs: int, seed: int, batch: int, lr: float, patience: int, progress: bool) -> tuple[CommNet, Normalizer, dict]:
+    """Fit per-device (forward, backward) ms in log space (+0.1 ms, so near-zero costs do
+    not dominate); keep the best validation checkpoint."""
     torch.manual_seed(seed)
     norm = Normalizer.fit(train.x)
     net = CommNet()
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    best, best_state, since, history = math.inf, None, 0, []
-    bar = tqdm(range(epochs), desc="comm model", disable=not progress)
-    for epoch in bar:
-        net.train()
-        for idx in torch.randperm(len(train), generator=g).split(batch):
-            loss = _comm_loss(net(norm(train.x[idx]), train.x[idx, DEVICE_FEATURES.index("wait_ms")]), train.y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        net.eval()
-        with torch.no_grad():
-            val_loss = float(_comm_loss(_comm_predict(net, norm, val), val.y))
-        history.append(val_loss)
-        bar.set_postfix(val_loss=f"{val_loss:.4f}")
-        if val_loss < best:
-            best, best_state, since = val_loss, copy.deepcopy(net.state_dict()), 0
-        else:
-            since += 1
-            if since >= patience:
-                break
-    net.load_state_dict(best_state)
-    return net.eval(), norm, {"val_loss": best, "epochs": len(history), "history": history}
+    log = _fit(
+        net, lambda d: ((torch.log(_comm_predict(net, norm, d) + 0.1) - torch.log(d.y + 0.1)) ** 2).mean(),
+        train, val, epochs, seed, batch, lr, patience, progress, "comm model",
+    )  # fmt: skip
+    return net, norm, log
 
 
 @torch.no_grad()
