@@ -23,7 +23,7 @@ test: venv
 	$(BIN)/python -m pytest -q tests
 
 demo: venv
-	$(BIN)/torchrun --standalone --nproc_per_node $(NPROC) examples/dlrm_torchrun.py --planner neuroshard,torchrec
+	PYTHONWARNINGS=ignore $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) examples/dlrm_torchrun.py --planner neuroshard,torchrec
 
 bench: venv
 	$(BIN)/python -m benchmarks.costmodel

@@ -13,6 +13,7 @@ drift hits all alike; rank 0 prints each plan and the median samples/s per rank.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import time
 
@@ -142,6 +143,11 @@ def main() -> None:
 
     rank, world, device = init_from_env()
     torch.set_num_threads(1)
+    # NeuroShard's per-rank plan table (predicted ms, memory, shards) from rank 0 only;
+    # TorchRec's own planner logs are kept to errors.
+    logging.basicConfig(level=logging.ERROR, format="%(message)s")
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger("torchrec_neuroshard").setLevel(logging.INFO if rank == 0 else logging.ERROR)
     task = build_task(args, world)
     sharders = [EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.01})]
     runs = {}
