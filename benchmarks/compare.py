@@ -227,6 +227,7 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
                 ax.bar(np.arange(len(per)), per[:, j], bottom=bottom, label=label)
                 bottom += per[:, j]
             ax.set_title(f"{LABELS[name]}: {by_task[t][name]['cost_ms']:.1f} ms")
+            ax.set_xticks(np.arange(len(per)))
             ax.set_xlabel("device")
         axes[0].set_ylabel("measured ms")
         axes[0].legend(fontsize=8)

@@ -182,3 +182,15 @@ def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_es
         for name, ps in module_plan.items()
     }
     return {"plan": str(plan), "types": types, "max_err": max_err}
+
+
+def shard_with_helper(rank: int, world_size: int) -> list[str]:
+    """Worker: ``shard_model`` with its default NeuroShardPlanner; one forward/backward."""
+    from torchrec_neuroshard.planner import shard_model
+
+    dmp = shard_model(two_tower(), batch_size=8 * world_size)
+    kjt = random_kjt_slice(random_kjt(two_tower(), batch=8 * world_size, seed=3), rank, world_size)
+    out = dmp(kjt)
+    out = out.wait() if hasattr(out, "wait") else out
+    sum(v.sum() for v in out.values()).backward()
+    return sorted(out)

@@ -119,3 +119,9 @@ def test_batch_size_other_than_the_models_is_scaled_and_logged(caplog) -> None:
     big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2))
     big.plan(module, SHARDERS)
     assert small.last_result.predicted_cost_ms == pytest.approx(0.25 * big.last_result.predicted_cost_ms, rel=0.2)
+
+
+def test_shard_model_helper_returns_a_working_dmp() -> None:
+    from tests.models import shard_with_helper
+
+    assert spawn(shard_with_helper, 2) == [["f_a0", "f_a1", "f_b0", "f_b1"]] * 2

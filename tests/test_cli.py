@@ -1,0 +1,25 @@
+"""The neuroshard command."""
+
+import json
+
+from torchrec_neuroshard.cli import main
+from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+
+
+def test_plan_command_prints_the_per_rank_table_and_writes_json(tmp_path, capsys) -> None:
+    task = generate_task(synthetic_pool(), 12, 2, WorkloadScale(), seed=2)
+    task.save(tmp_path / "task.json")
+    assert main(["plan", str(tmp_path / "task.json"), "--out", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert "neuroshard plan: predicted embedding cost" in out and "searched in" in out
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["num_devices"] == 2 and len(plan["placements"]) == 12
+    assert main(["plan", str(tmp_path / "task.json"), "--planner", "size"]) == 0
+    assert "size plan" in capsys.readouterr().out
+
+
+def test_errors_exit_2_with_a_message(tmp_path, capsys) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["pretrain", "--data", str(empty), "--out", str(tmp_path / "m.pt")]) == 2
+    assert "no samples in" in capsys.readouterr().err
