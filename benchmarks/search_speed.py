@@ -13,6 +13,7 @@ the public API on 60 tables / 4 ranks under 2 s.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import time
 
@@ -32,10 +33,15 @@ from torchrec_neuroshard.workloads import WorkloadScale, generate_task, syntheti
 GRID = ((20, 2), (60, 4), (200, 16), (500, 64), (856, 128))
 
 
+def _cut_off(signum: int, frame: object) -> None:
+    raise TimeoutError
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
+    p.add_argument("--torchrec-limit", type=int, default=300, help="seconds before TorchRec's run is cut off")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model = load_pretrained()
@@ -53,11 +59,17 @@ def main(argv: list[str] | None = None) -> None:
             tr = "skipped"
             if not args.no_torchrec:
                 t0 = time.perf_counter()
+                signal.signal(signal.SIGALRM, _cut_off)
+                signal.alarm(args.torchrec_limit)
                 try:
                     torchrec_plan(task)
                     tr = f"{time.perf_counter() - t0:.2f}"
+                except TimeoutError:
+                    tr = f"> {args.torchrec_limit} (cut off)"
                 except Exception as e:  # noqa: BLE001 - report, do not hide
                     tr = f"failed after {time.perf_counter() - t0:.1f} s ({type(e).__name__})"
+                finally:
+                    signal.alarm(0)
             print(
                 f"| {t} | {d} | {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) | {states} | {tr} |",
                 flush=True,

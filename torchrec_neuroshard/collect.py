@@ -33,7 +33,7 @@ def hardware(device: torch.device, num_threads: int | None) -> dict:
     """What the measurements were taken on: device, versions, threads."""
     import fbgemm_gpu
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return {
         "device": device.type,
         "device_name": name,
@@ -41,6 +41,16 @@ def hardware(device: torch.device, num_threads: int | None) -> dict:
         "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
         "threads": num_threads if device.type == "cpu" else None,
     }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------- dataset files

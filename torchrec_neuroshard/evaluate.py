@@ -118,9 +118,9 @@ def evaluate_plans(
         for k, plan in enumerate(ours):
             compute[k].append(_measure_compute_round(task, plan, lookups, device, warmup, repeats))
     jobs = []
-    for _ in range(rounds):
+    for r in range(rounds):
         for k, plan in enumerate(ours):
-            c = compute[k][len(jobs) // len(ours)]
+            c = compute[k][r]
             earliest = min(f for f, _ in c)
             dp_numel = sum(t.rows * t.dim for t in task.tables if t.name in plan.data_parallel)
             jobs.append((plan.device_dims(), [f - earliest for f, _ in c], dp_numel))

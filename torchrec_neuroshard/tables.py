@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from torchrec_neuroshard.types import NUM_ACCESS_BINS, ShardingError, TableSpec
+from torchrec_neuroshard.workloads import expected_access_histogram
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +46,6 @@ def uniform_access_histogram(rows: int, lookups: float) -> tuple[float, ...]:
 
     The documented default for a table known only from its config: no skew assumed.
     """
-    from torchrec_neuroshard.workloads import expected_access_histogram
-
     return expected_access_histogram(rows, lookups, alpha=0.0)
 
 
