@@ -53,8 +53,10 @@ def test_comm_is_equivariant_over_devices(model) -> None:
 
 def test_device_features_are_per_device_or_symmetric() -> None:
     f = device_features(np.array([[10, 20]]), np.array([[0.0, 3.0]]))
-    assert f.shape == (1, 2, 10)
-    assert np.allclose(f[0, 0, 3:], f[0, 1, 3:])  # pooled parts identical across devices
+    assert f.shape == (1, 2, 11)
+    assert np.allclose(f[0, 0, 5:], f[0, 1, 5:])  # pooled parts identical across devices
+    # own: dim, skew, wait for the latest, columns sent to / received from the other rank
+    assert np.allclose(f[0, 0, :5], [0.1, 0.0, 3.0, 0.05, 0.1])
 
 
 def test_batched_inference_of_10000_device_shards(model) -> None:

@@ -32,7 +32,7 @@ SHARD_FEATURES = (
     *(f"access_bin_{i}" for i in range(NUM_ACCESS_BINS)),
 )  # fmt: skip
 DEVICE_FEATURES = (
-    "dim", "skew_ms", "wait_ms", "mean_dim", "max_dim", "min_dim", "sum_dim_over_d",
+    "dim", "skew_ms", "wait_ms", "send_dim", "recv_dim", "mean_dim", "max_dim", "min_dim",
     "max_skew_ms", "world_size", "inv_world_size",
 )  # fmt: skip
 
@@ -62,12 +62,15 @@ def device_features(dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
     d = np.asarray(dims, dtype=np.float32) / 100.0
     s = np.asarray(skews_ms, dtype=np.float32)
     r, n = d.shape
-    max_skew = s.max(axis=1, keepdims=True)
+    # What each rank moves in the forward all-to-all, per sample of the global batch:
+    # it sends its own columns to the n - 1 others and receives theirs, each 1/n of the batch.
+    send = d * (n - 1) / n
+    recv = (d.sum(1, keepdims=True) - d) / n
     pooled = np.stack(
-        [d.mean(1), d.max(1), d.min(1), d.sum(1) / n, s.max(1), np.full(r, n / 8.0), np.full(r, 1.0 / n)],
+        [d.mean(1), d.max(1), d.min(1), s.max(1), np.full(r, n / 8.0), np.full(r, 1.0 / n)],
         axis=1,
     )
-    own = np.stack([d, s, max_skew - s], axis=2)
+    own = np.stack([d, s, s.max(1, keepdims=True) - s, send, recv], axis=2)
     return np.concatenate([own, np.broadcast_to(pooled[:, None, :], (r, n, pooled.shape[1]))], axis=2).astype(np.float32)
 
 
@@ -216,7 +219,11 @@ class NeuralCostModel(CostModel):
             ) from e
         if not isinstance(blob, dict) or blob.get("format") != MODEL_FORMAT:
             raise ShardingError(f"{path}: not a torchrec-neuroshard cost model file")
-        if blob.get("feature_version") != FEATURE_VERSION or blob.get("shard_features") != list(SHARD_FEATURES):
+        if (
+            blob.get("feature_version") != FEATURE_VERSION
+            or blob.get("shard_features") != list(SHARD_FEATURES)
+            or blob.get("device_features") != list(DEVICE_FEATURES)
+        ):
             raise ShardingError(
                 f"{path}: cost model has feature version {blob.get('feature_version')}, this "
                 f"torchrec-neuroshard needs {FEATURE_VERSION}; re-train it with `neuroshard pretrain`"
