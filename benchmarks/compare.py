@@ -35,9 +35,10 @@ from torchrec_neuroshard.workloads import WorkloadScale, generate_task, syntheti
 
 HERE = Path(__file__).parent
 SUITE_SIZES = ((20, 2), (40, 4), (60, 4), (80, 8))
-PLANNERS = ("neuroshard", "neuroshard_prototype", "torchrec", "torchrec_neural", *BASELINES)
+PLANNERS = ("neuroshard", "neuroshard_local", "neuroshard_prototype", "torchrec", "torchrec_neural", *BASELINES)
 LABELS = {
     "neuroshard": "NeuroShard",
+    "neuroshard_local": "NeuroShard + local pass",
     "neuroshard_prototype": "NeuroShard (prototype search)",
     "torchrec": "TorchRec",
     "torchrec_neural": "TorchRec+NeuralEst",
@@ -71,10 +72,11 @@ def plan_task(name: str, task: Task, model: NeuralCostModel) -> Plan:
     device_type = default_device().type
     if name == "neuroshard":
         return search(task, model).plan
+    if name == "neuroshard_local":
+        return search(task, model, SearchConfig(local_search=True)).plan
     if name == "neuroshard_prototype":
-        # the published algorithm alone: no baseline seeding, no local pass, no
-        # unconstrained last grid point
-        config = SearchConfig(scales=default_scales()[:-1], local_search=False, seed_with_baselines=False)
+        # the published algorithm alone: no baseline seeding, no unconstrained last grid point
+        config = SearchConfig(scales=default_scales()[:-1], seed_with_baselines=False)
         return search(task, model, config).plan
     if name == "torchrec":
         return from_torchrec(torchrec_plan(task, device_type), task.num_devices)
