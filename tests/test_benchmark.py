@@ -17,5 +17,5 @@ def test_compare_runs_end_to_end_on_two_tiny_tasks(tmp_path) -> None:
     table, headline = summarize(rows)
     assert "| 6, 2 | NeuroShard |" in table and headline["tasks"] == 2
     assert headline["neuroshard_over_torchrec_geomean"] > 0
-    assert "geometric mean over 2 tasks" in write_report(rows, tmp_path)
+    assert "tasks where TorchRec's plan fit the memory cap" in write_report(rows, tmp_path)
     assert all(p.stat().st_size > 1000 for p in plot(rows, tmp_path))
