@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from torchrec_neuroshard.launch import default_device, spawn
 from torchrec_neuroshard.measure_comm import measure_allreduce, measure_comm
-from torchrec_neuroshard.measure_compute import Lookups, measure_compute
+from torchrec_neuroshard.measure_compute import Lookups, Timing, measure_compute
 from torchrec_neuroshard.sharding import from_torchrec
 from torchrec_neuroshard.types import DeviceCost, Plan, Shard, Task
 from torchrec_neuroshard.workloads import lookups_for
@@ -39,11 +39,7 @@ class PlanMeasurement:
     @property
     def spread_ms(self) -> float:
         """Interquartile range of the per-round embedding cost."""
-        s = sorted(self.round_costs_ms)
-        if len(s) < 2:
-            return 0.0
-        q = statistics.quantiles(s, n=4)
-        return q[2] - q[0]
+        return Timing.of(self.round_costs_ms).iqr_ms
 
 
 def task_lookups(task: Task, seed: int = 0) -> dict[str, Lookups]:

@@ -89,11 +89,10 @@ class NeuroShardPlanner(ShardingPlanner):
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """Plan every EmbeddingBagCollection in ``module`` (single process)."""
-        find_embedding_bag_collections(module)  # a clear error for a module with no EBC
         world = self.topology.world_size
         device_type = self.topology.compute_device
+        self._check_constraints(module)  # also the clear error for a module with no EBC
         model = self._model_for(world)
-        self._check_constraints(module)
         pooling = {
             name: float(sum(c.pooling_factors)) for name, c in self.constraints.items() if c.pooling_factors
         }
