@@ -99,6 +99,12 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
         bad.plan(two_tower(), SHARDERS)
     with pytest.raises(ShardingError, match="contains no torchrec EmbeddingBagCollection"):
         NeuroShardPlanner(topology()).plan(torch.nn.Linear(3, 3), SHARDERS)
+    dense = NeuroShardPlanner(topology(), constraints={"b1": ParameterConstraints(compute_kernels=["dense"])})
+    with pytest.raises(ShardingError, match=r"table 'b1': constraints allow compute kernels \['dense'\]"):
+        dense.plan(two_tower(), SHARDERS)
+    odd = NeuroShardPlanner(topology(), constraints={"a0": ParameterConstraints(min_partition=6)})
+    with pytest.raises(ShardingError, match="table 'a0': min_partition 6 must be a positive multiple of 4"):
+        odd.plan(two_tower(), SHARDERS)
     with pytest.raises(ShardingError, match="does not fit even row-wise over 2 ranks"):
         NeuroShardPlanner(topology(2, 100), storage_reservation=0.0).plan(two_tower(), SHARDERS)
     corrupt = tmp_path / "model.pt"
