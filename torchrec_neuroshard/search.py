@@ -99,14 +99,11 @@ class _Keys:
 @dataclass(frozen=True)
 class _Runs:
     """Outcome of greedy runs: per run its cost (inf if invalid), device of each ordered
-    shard, the shard order's keys, per-device compute/comm, and where invalid runs died."""
+    shard, the shard order's keys, and where invalid runs died."""
 
     cost: np.ndarray  # [R]
     assign: np.ndarray  # [R, Smax] device of k-th ordered shard
     order_keys: np.ndarray  # [R, Smax] key id, -1 padding
-    fwd: np.ndarray  # [R, D]
-    bwd: np.ndarray
-    comm: np.ndarray  # [R, D, 2]
     died_at: np.ndarray  # [R] ordered shard index where the run failed, -1 if valid
     free_at_death: np.ndarray  # [R] most free bytes on any device when it failed
 
@@ -174,9 +171,9 @@ def _greedy_runs(task: Task, model: CostModel, keys: _Keys, states: Sequence[Wid
         mem[r, d] += m[r]
         cost = model.device_cost(sums[r, d])
         fwd[r, d], bwd[r, d] = cost[:, 0], cost[:, 1]
-    comm, total = _full_cost(model, fwd, bwd, dims)
+    _, total = _full_cost(model, fwd, bwd, dims)
     total[~alive] = np.inf
-    return _Runs(total, assign, order, fwd, bwd, comm, died_at, free_at_death)
+    return _Runs(total, assign, order, died_at, free_at_death)
 
 
 def _full_cost(model: CostModel, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -358,10 +355,9 @@ def _search(task: Task, model: CostModel, config: SearchConfig, min_width: Mappi
     keys = _Keys(task, model)
     root: Widths = tuple((t.dim,) for t in task.tables)
     keys.ensure(_state_keys(root))
-    runs = _greedy_runs(task, model, keys, [root], config.scales)
+    root_runs = runs = _greedy_runs(task, model, keys, [root], config.scales)
     best_cost = float(runs.cost.min())
     best = (runs, int(runs.cost.argmin()))
-    first_failure = runs
     beam = [root]
     seen = {root}
     evaluated = 1
@@ -382,15 +378,15 @@ def _search(task: Task, model: CostModel, config: SearchConfig, min_width: Mappi
         if state_cost[i] < best_cost:
             best_cost = float(state_cost[i])
             best = (runs, i * len(config.scales) + int(per_state[i].argmin()))
-    if not math.isfinite(best_cost):
-        r = int(np.argmax(first_failure.died_at))
-        inverse = {i: k for k, i in keys.index.items()}
-        t, _ = inverse[int(first_failure.order_keys[r, first_failure.died_at[r]])]
-        free = [float(first_failure.free_at_death[r])]
-        raise memory_shortfall_error(task, task.tables[t], [int(x) for x in free])
-    plan = _plan_of(task, keys, *best)
+    candidates = [_plan_of(task, keys, *best)] if math.isfinite(best_cost) else []
     if config.seed_with_baselines:
-        plan = _best_of(task, model, [plan] + _feasible_baselines(task))
+        candidates += _feasible_baselines(task)
+    if not candidates:
+        r = int(np.argmax(root_runs.died_at))  # the run that placed the most shards
+        inverse = {i: k for k, i in keys.index.items()}
+        t, _ = inverse[int(root_runs.order_keys[r, root_runs.died_at[r]])]
+        raise memory_shortfall_error(task, task.tables[t], [int(root_runs.free_at_death[r])])
+    plan = _best_of(task, model, candidates)
     if config.local_search:
         plan = _local_improve(task, model, keys, plan, config.max_local_moves)
     plan.validate(task)
