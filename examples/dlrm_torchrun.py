@@ -13,6 +13,7 @@ drift hits all alike; rank 0 prints each plan and the median samples/s per rank.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import statistics
 import time
@@ -195,6 +196,11 @@ def main() -> None:
                 med, q = gathered[r][name]
                 cells.append(f"{task.batch_size / med:10.0f} ({task.batch_size / q[2]:.0f}-{task.batch_size / q[0]:.0f})")
             print(f"{name:<14} " + "  ".join(cells))
+    # Free the sharded models (and their communication state) on every rank before the
+    # group goes away; tearing gloo down under live DMP modules can abort at exit.
+    runs.clear()
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 
