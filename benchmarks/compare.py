@@ -101,7 +101,7 @@ def run(
     for i, task in enumerate(tqdm(tasks, desc="tasks", disable=not progress)):
         if i in done:
             continue
-        m = model.with_batch_size(task.batch_size) if task.batch_size != model.batch_size else model
+        m = model.with_batch_size(task.batch_size)
         plans, rows = {}, []
         for name in planners:
             t0 = time.perf_counter()

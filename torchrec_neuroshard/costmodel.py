@@ -163,7 +163,10 @@ class NeuralCostModel(CostModel):
         return int(self.meta["batch_size"])
 
     def with_batch_size(self, batch_size: int) -> "NeuralCostModel":
-        """The same model with predictions scaled to ``batch_size`` (linear in the batch)."""
+        """The same model with predictions scaled to ``batch_size`` (linear in the batch);
+        ``self`` when that is the scale it already has."""
+        if batch_size / self.batch_size == self.batch_scale:
+            return self
         return NeuralCostModel(
             self.compute_net, self.compute_norm, self.comm_net, self.comm_norm, self.meta,
             batch_size / self.batch_size,

@@ -129,7 +129,6 @@ class NeuralPerfModel(PerfModel):
                 devices[rank].append(ours)
                 if option.sharding_type != ShardingType.DATA_PARALLEL.value:
                     dims[0, rank] += ours.width
-        compute = np.asarray(model.compute_cost(devices), dtype=np.float64)
-        skew = compute[:, 0] - compute[:, 0].min()
-        comm = model.comm_cost_array(dims, skew[None, :].astype(np.float32))[0]
-        return float((compute.sum(1) + comm.sum(1)).max())
+        compute = np.asarray(model.compute_cost(devices), dtype=np.float32)
+        _, total = model.embedding_cost(compute[None, :, 0], compute[None, :, 1], dims)
+        return float(total[0])

@@ -171,16 +171,9 @@ def _greedy_runs(task: Task, model: CostModel, keys: _Keys, states: Sequence[Wid
         mem[r, d] += m[r]
         cost = model.device_cost(sums[r, d])
         fwd[r, d], bwd[r, d] = cost[:, 0], cost[:, 1]
-    _, total = _full_cost(model, fwd, bwd, dims)
+    _, total = model.embedding_cost(fwd, bwd, dims)
     total[~alive] = np.inf
     return _Runs(total, assign, order, died_at, free_at_death)
-
-
-def _full_cost(model: CostModel, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Comm [R, D, 2] and embedding cost [R] = max over devices of compute + comm."""
-    skew = fwd - fwd.min(1, keepdims=True)
-    comm = model.comm_cost_array(dims, skew)
-    return comm, (fwd + bwd + comm.sum(2)).max(1)
 
 
 def _split_children(state: Widths, keys: _Keys, top_k: int, min_width: Sequence[int]) -> list[Widths]:
@@ -239,7 +232,7 @@ def _local_improve(
         mem = np.bincount(dev, weights=keys.size[key_of], minlength=D)
         count = np.bincount(dev, minlength=D)
         base = _device_costs(model, sums, count)
-        comm, total = _full_cost(model, base[None, :, 0], base[None, :, 1], dims[None])
+        comm, total = model.embedding_cost(base[None, :, 0], base[None, :, 1], dims[None])
         per_dev = base.sum(1) + comm[0].sum(1)
         worst = int(per_dev.argmax())
         cheap = [int(d) for d in np.argsort(per_dev) if d != worst][:partners]
@@ -276,7 +269,7 @@ def _local_improve(
         fwd[rows, dst], bwd[rows, dst] = new[n:, 0], new[n:, 1]
         c_dims[:, worst] -= delta_w
         c_dims[rows, dst] += delta_w
-        _, c_total = _full_cost(model, fwd, bwd, c_dims)
+        _, c_total = model.embedding_cost(fwd, bwd, c_dims)
         best = int(c_total.argmin())
         if c_total[best] >= total[0] - 1e-6:
             break
@@ -323,7 +316,7 @@ def _best_of(task: Task, model: CostModel, plans: Sequence[Plan]) -> Plan:
 def predicted_breakdown(model: CostModel, task: Task, plan: Plan) -> tuple[float, tuple[DeviceCost, ...]]:
     """Predicted embedding cost (ms) of a plan and its per-device breakdown."""
     compute = np.asarray(model.compute_cost(plan.device_shards(task.tables)))
-    comm, total = _full_cost(model, compute[None, :, 0], compute[None, :, 1], np.asarray([plan.device_dims()], dtype=np.float64))
+    comm, total = model.embedding_cost(compute[None, :, 0], compute[None, :, 1], np.asarray([plan.device_dims()], dtype=np.float64))
     devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb)) for (f, b), (cf, cb) in zip(compute, comm[0]))
     return float(total[0]), devices
 

@@ -361,19 +361,9 @@ class CostModel(abc.ABC):
         cost[[len(dev) == 0 for dev in devices]] = 0.0
         return [(float(f), float(b)) for f, b in cost]
 
-    def comm_cost(
-        self, dims: Sequence[Sequence[int]], skews_ms: Sequence[Sequence[float]]
-    ) -> list[tuple[list[float], list[float]]]:
-        """``comm_cost_array`` for plans of any sizes (grouped by device count)."""
-        out: list[tuple[list[float], list[float]]] = [([], [])] * len(dims)
-        by_size: dict[int, list[int]] = {}
-        for i, d in enumerate(dims):
-            by_size.setdefault(len(d), []).append(i)
-        for _, idx in by_size.items():
-            arr = self.comm_cost_array(
-                np.asarray([dims[i] for i in idx], dtype=np.float32),
-                np.asarray([skews_ms[i] for i in idx], dtype=np.float32),
-            )
-            for k, i in enumerate(idx):
-                out[i] = (arr[k, :, 0].tolist(), arr[k, :, 1].tolist())
-        return out
+    def embedding_cost(self, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Comm [R, D, 2] and embedding cost [R] (ms) of R plans from their per-device
+        compute ``fwd``, ``bwd`` and dim sums ``dims`` [R, D]: each device's forward skew is
+        its lateness behind the earliest; the cost is the max over devices of compute + comm."""
+        comm = self.comm_cost_array(dims, fwd - fwd.min(1, keepdims=True))
+        return comm, (fwd + bwd + comm.sum(2)).max(1)
