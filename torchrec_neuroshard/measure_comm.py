@@ -78,8 +78,9 @@ def measure_comm(
         if i >= warmup:
             fwd.append(f)
             bwd.append(b)
+    f, b = Timing.of(fwd), Timing.of(bwd)
     mine = torch.tensor(
-        [Timing.of(fwd).median_ms, Timing.of(bwd).median_ms, Timing.of(fwd).iqr_ms, Timing.of(bwd).iqr_ms],
+        [f.median_ms, b.median_ms, f.iqr_ms, b.iqr_ms],
         dtype=torch.float64,
         device=device,
     )
