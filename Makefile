@@ -35,12 +35,12 @@ data: venv
 	mkdir -p runs
 	for D in 2 4 8; do $(BIN)/neuroshard collect comm --world-size $$D --samples 1200 --out runs/cpu_comm.jsonl; done
 	$(BIN)/neuroshard collect compute --samples 10000 --out runs/cpu_compute.jsonl
-	gzip -9 -c runs/cpu_compute.jsonl > torchrec_neuroshard/data/cpu_compute.jsonl.gz
-	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/data/cpu_comm.jsonl.gz
+	gzip -9 -c runs/cpu_compute.jsonl > torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz
+	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz
 
 model: venv
-	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/data/cpu_compute.jsonl.gz \
-		torchrec_neuroshard/data/cpu_comm.jsonl.gz --out torchrec_neuroshard/pretrained/cpu.pt
+	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz \
+		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz --out torchrec_neuroshard/pretrained/cpu.pt
 
 clean:
 	rm -rf $(VENV) *.egg-info

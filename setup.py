@@ -10,7 +10,7 @@ setup(
     long_description=open("README.md").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["torchrec_neuroshard", "torchrec_neuroshard.*"]),
-    package_data={"torchrec_neuroshard": ["pretrained/*.pt", "data/*.jsonl.gz", "data/*.md"]},
+    package_data={"torchrec_neuroshard": ["pretrained/*.pt", "lab/data/*.jsonl.gz", "lab/data/*.md"]},
     python_requires=">=3.10",
     # torch / fbgemm-gpu / torchrec are installed by the Makefile: torchrec's metadata
     # pins the CUDA fbgemm-gpu wheel, so it is installed with --no-deps (see README).

@@ -23,15 +23,16 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from torchrec_neuroshard.baselines import BASELINES, baseline_plan, torchrec_plan
-from torchrec_neuroshard.collect import hardware, read_rows
+from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
+from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
+from torchrec_neuroshard.lab.collect import hardware, read_rows
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
-from torchrec_neuroshard.evaluate import evaluate_plans
-from torchrec_neuroshard.launch import default_device
+from torchrec_neuroshard.lab.evaluate import evaluate_plans
+from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.search import SearchConfig, default_scales, search
 from torchrec_neuroshard.sharding import from_torchrec
 from torchrec_neuroshard.types import Plan, ShardingError, Task
-from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 HERE = Path(__file__).parent
 SUITE_SIZES = ((20, 2), (40, 4), (60, 4), (80, 8))

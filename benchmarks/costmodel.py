@@ -21,10 +21,10 @@ from typing import Sequence
 
 import torch
 
-from torchrec_neuroshard.collect import compute_noise, comm_noise, iter_kind, read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect import compute_noise, comm_noise, iter_kind, read_rows, shard_from_record
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
-from torchrec_neuroshard.launch import default_device
-from torchrec_neuroshard.pretrain import (
+from torchrec_neuroshard.lab.launch import default_device
+from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
     compute_metrics,
     load_comm_data,

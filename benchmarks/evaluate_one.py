@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from torchrec_neuroshard.baselines import baseline_plan, torchrec_plan
-from torchrec_neuroshard.evaluate import evaluate_plans, format_breakdown
+from torchrec_neuroshard.heuristics import baseline_plan
+from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
+from torchrec_neuroshard.lab.evaluate import evaluate_plans, format_breakdown
 from torchrec_neuroshard.sharding import from_torchrec
-from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,13 +16,8 @@ import itertools
 import numpy as np
 from scipy.optimize import nnls
 
-from torchrec_neuroshard.workloads import (
-    DLRM_BATCH_SIZE,
-    DLRM_REUSE_HISTOGRAM,
-    expected_access_histogram,
-    expected_unique,
-    synthetic_pool,
-)
+from torchrec_neuroshard.access import expected_access_histogram, expected_unique
+from torchrec_neuroshard.lab.workloads import DLRM_BATCH_SIZE, DLRM_REUSE_HISTOGRAM, synthetic_pool
 
 ALPHAS = (0.0, 0.3, 0.6, 0.9, 1.2)
 RATIOS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.compare import HERE, LABELS, load_suite, plan_task
-from torchrec_neuroshard.baselines import BASELINES
+from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.search import predicted_breakdown
 

@@ -23,12 +23,12 @@ from threadpoolctl import threadpool_limits
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints, Topology
 
-from torchrec_neuroshard.baselines import torchrec_plan
+from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.search import search
-from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 GRID = ((20, 2), (60, 4), (200, 16), (500, 64), (856, 128))
 

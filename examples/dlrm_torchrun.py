@@ -33,12 +33,12 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_neuroshard.baselines import BASELINES, baseline_plan
-from torchrec_neuroshard.launch import init_from_env
+from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
+from torchrec_neuroshard.lab.launch import init_from_env
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 from torchrec_neuroshard.types import TableSpec, Task
-from torchrec_neuroshard.workloads import WorkloadScale, lookups_for, synthetic_pool, table_spec
+from torchrec_neuroshard.lab.workloads import WorkloadScale, lookups_for, synthetic_pool, table_spec
 
 PLANNERS = ("neuroshard", "torchrec", *BASELINES)
 DENSE_FEATURES = 13
@@ -81,7 +81,7 @@ def make_plan(name: str, task: Task, model: torch.nn.Module, sharders: list, dev
         planner = NeuroShardPlanner(topology, batch_size=task.batch_size, constraints=constraints, storage_reservation=0.0)
         return planner.collective_plan(model, sharders)
     if name == "torchrec":
-        from torchrec_neuroshard.baselines import torchrec_plan
+        from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
 
         box = [torchrec_plan(task, device.type) if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)

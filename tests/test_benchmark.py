@@ -1,7 +1,7 @@
 """The comparison benchmark end to end on two tiny tasks: plan, measure, report, plot."""
 
 from benchmarks.compare import PLANNERS, make_suite, plot, run, summarize, write_report
-from torchrec_neuroshard.workloads import WorkloadScale
+from torchrec_neuroshard.lab.workloads import WorkloadScale
 
 
 def test_compare_runs_end_to_end_on_two_tiny_tasks(tmp_path) -> None:

@@ -3,7 +3,7 @@
 import json
 
 from torchrec_neuroshard.cli import main
-from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 
 def test_plan_command_prints_the_per_rank_table_and_writes_json(tmp_path, capsys) -> None:

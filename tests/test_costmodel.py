@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_neuroshard.collect import read_rows
+from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.costmodel import (
     NeuralCostModel,
     device_features,
     load_pretrained,
 )
-from torchrec_neuroshard.pretrain import load_compute_data, pretrain, split_by_group, train_compute
+from torchrec_neuroshard.lab.pretrain import load_compute_data, pretrain, split_by_group, train_compute
 from torchrec_neuroshard.types import Shard, ShardingError
-from torchrec_neuroshard.workloads import WorkloadScale, synthetic_pool, table_spec
+from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool, table_spec
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_save_load_round_trip_and_bad_files(model, tmp_path) -> None:
 
 def _synthetic_rows(n: int) -> list[dict]:
     """Measured-looking rows from a known formula, to test the training loop itself."""
-    from torchrec_neuroshard.collect import shard_record
+    from torchrec_neuroshard.lab.collect import shard_record
 
     rng = np.random.default_rng(0)
     pool = synthetic_pool()

@@ -7,14 +7,15 @@ import math
 import pytest
 import torch
 
-from torchrec_neuroshard.baselines import baseline_plan, torchrec_plan
-from torchrec_neuroshard.collect import collect_comm, collect_compute, read_rows
-from torchrec_neuroshard.evaluate import evaluate_plans, format_breakdown, task_lookups
-from torchrec_neuroshard.launch import spawn
-from torchrec_neuroshard.measure_comm import measure_comm
-from torchrec_neuroshard.measure_compute import measure_compute
+from torchrec_neuroshard.heuristics import baseline_plan
+from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
+from torchrec_neuroshard.lab.collect import collect_comm, collect_compute, read_rows
+from torchrec_neuroshard.lab.evaluate import evaluate_plans, format_breakdown, task_lookups
+from torchrec_neuroshard.lab.launch import spawn
+from torchrec_neuroshard.lab.measure_comm import measure_comm
+from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.types import Plan, Shard, TablePlacement
-from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool, table_spec
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool, table_spec
 
 CPU = torch.device("cpu")
 SMALL = WorkloadScale(row_divisor=1024, batch_size=512)

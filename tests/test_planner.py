@@ -8,11 +8,11 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints, Topology
 
 from tests.models import plan_shard_and_compare, two_tower
-from torchrec_neuroshard.launch import spawn
+from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
 from torchrec_neuroshard.types import ShardingError
-from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 SHARDERS = [EmbeddingBagCollectionSharder()]
 

@@ -5,11 +5,11 @@ import itertools
 import numpy as np
 import pytest
 
-from torchrec_neuroshard.baselines import BASELINES, baseline_plan
+from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
 from torchrec_neuroshard.types import InfeasibleError, Plan, TablePlacement, TableSpec, Task
-from torchrec_neuroshard.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_beam_search_splits_tables_when_that_pays(model) -> None:
     # Two wide, heavy tables on four devices: whole tables leave two devices idle.
     pool = synthetic_pool()
     heavy = sorted(pool, key=lambda t: -t.pooling_factor)[:2]
-    from torchrec_neuroshard.workloads import table_spec
+    from torchrec_neuroshard.lab.workloads import table_spec
 
     tables = tuple(table_spec(t, 128, WorkloadScale(), name=f"heavy{i}") for i, t in enumerate(heavy))
     task = Task(tables, 4, 10 * sum(t.size_bytes() for t in tables), 4096)

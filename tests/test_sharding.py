@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.models import shard_and_compare, two_tower
-from torchrec_neuroshard.launch import spawn
+from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 from torchrec_neuroshard.types import Plan, ShardingError, TablePlacement
 

@@ -11,8 +11,8 @@ from torchrec_neuroshard.types import ShardingError
 
 
 def _collect(args: argparse.Namespace) -> None:
-    from torchrec_neuroshard import collect
-    from torchrec_neuroshard.launch import default_device
+    from torchrec_neuroshard.lab import collect
+    from torchrec_neuroshard.lab.launch import default_device
 
     device = default_device()
     t0 = time.perf_counter()
@@ -39,7 +39,7 @@ def _collect(args: argparse.Namespace) -> None:
 def _pretrain(args: argparse.Namespace) -> None:
     import json
 
-    from torchrec_neuroshard.pretrain import pretrain_files
+    from torchrec_neuroshard.lab.pretrain import pretrain_files
 
     model = pretrain_files(args.data, epochs=args.epochs, seed=args.seed, exclude_world_sizes=args.exclude_world_size)
     model.save(args.out)
@@ -50,7 +50,7 @@ def _pretrain(args: argparse.Namespace) -> None:
 def _plan(args: argparse.Namespace) -> None:
     import json
 
-    from torchrec_neuroshard.baselines import baseline_plan
+    from torchrec_neuroshard.heuristics import baseline_plan
     from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
     from torchrec_neuroshard.search import predicted_breakdown, search
     from torchrec_neuroshard.stats import format_plan_stats

@@ -26,7 +26,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingType
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
-from torchrec_neuroshard.tables import uniform_access_histogram
+from torchrec_neuroshard.access import uniform_access_histogram
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, TableSpec
 
 _LOCAL_BATCH_TYPES = {ShardingType.DATA_PARALLEL.value}

@@ -9,7 +9,6 @@ and NeuroShard's search. Its plans go straight into ``DistributedModelParallel``
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Mapping
 
@@ -256,6 +255,7 @@ class NeuroShardPlanner(ShardingPlanner):
 
 
 def _broadcast_device(pg: dist.ProcessGroup) -> torch.device:
+    """The device a collective on ``pg`` runs on: this rank's GPU under NCCL, else the CPU."""
     if dist.get_backend(pg) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -274,9 +274,7 @@ def shard_model(
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    from torchrec_neuroshard.launch import default_device
-
-    device = device or default_device(int(os.environ.get("LOCAL_RANK", "0")))
+    device = device or _broadcast_device(pg or dist.GroupMember.WORLD)
     sharders = sharders or get_default_sharders()
     if planner is None:
         world = dist.get_world_size(pg)

@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from torchrec_neuroshard.baselines import BASELINES, baseline_plan, memory_shortfall_error
+from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
 from torchrec_neuroshard.types import (
     WIDTH_ALIGNMENT,
     CostModel,

@@ -11,42 +11,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchrec_neuroshard.access import access_histogram, uniform_access_histogram
 from torchrec_neuroshard.types import NUM_ACCESS_BINS, ShardingError, TableSpec
-from torchrec_neuroshard.workloads import expected_access_histogram
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POOLING_FACTOR = 1.0
 """Pooling factor assumed when neither constraints nor data give one (TorchRec's default)."""
-
-
-def access_bin(counts: np.ndarray) -> np.ndarray:
-    """Bin index 0..16 of each access count >= 1: (0,1]->0, (1,2]->1, (2,4]->2, ..., >32768->16."""
-    counts = np.asarray(counts, dtype=np.float64)
-    return np.clip(np.ceil(np.log2(np.maximum(counts, 1.0))), 0, NUM_ACCESS_BINS - 1).astype(
-        np.int64
-    )
-
-
-def access_histogram(indices: np.ndarray | torch.Tensor) -> tuple[float, ...]:
-    """17-bin access histogram of one table's indices in one batch (fractions of unique ids).
-
-    An empty batch gives all mass in bin 0 (a never-read table behaves like a cold one).
-    """
-    idx = indices.numpy() if isinstance(indices, torch.Tensor) else np.asarray(indices)
-    if idx.size == 0:
-        return (1.0,) + (0.0,) * (NUM_ACCESS_BINS - 1)
-    _, counts = np.unique(idx, return_counts=True)
-    hist = np.bincount(access_bin(counts), minlength=NUM_ACCESS_BINS).astype(np.float64)
-    return tuple(float(x) for x in hist / hist.sum())
-
-
-def uniform_access_histogram(rows: int, lookups: float) -> tuple[float, ...]:
-    """Histogram expected when ``lookups`` indices are drawn uniformly from ``rows`` rows.
-
-    The documented default for a table known only from its config: no skew assumed.
-    """
-    return expected_access_histogram(rows, lookups, alpha=0.0)
 
 
 def find_embedding_bag_collections(module: nn.Module) -> dict[str, nn.Module]:

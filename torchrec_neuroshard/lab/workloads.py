@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from torchrec_neuroshard.access import active_rows, expected_access_histogram, expected_unique
 from torchrec_neuroshard.types import NUM_ACCESS_BINS, TableSpec, Task
 
 # Published statistics of the 2021 DLRM dataset file (REFERENCE.md sec. 7).
@@ -105,66 +106,6 @@ def synthetic_pool(num_tables: int = DLRM_NUM_TABLES, seed: int = 0) -> list[Poo
         PoolTable(f"t{i}", int(r), round(float(p), 3), *REUSE_MIXTURE[c][:2])
         for i, (r, p, c) in enumerate(zip(rows, pooling, component))
     ]
-
-
-def _rank_buckets(rows: int, head: int = 512, ratio: float = 1.02) -> tuple[np.ndarray, np.ndarray]:
-    """Split ranks 1..rows into exact head ranks then geometric buckets: (starts, sizes)."""
-    starts = list(range(1, min(rows, head) + 1))
-    if rows > head:
-        edges = np.unique(np.geomspace(head + 1, rows + 1, num=max(2, int(math.log(rows / head) / math.log(ratio)))).astype(np.int64))
-        edges[0], edges[-1] = head + 1, rows + 1
-        starts += list(edges[:-1])
-        sizes = [1] * min(rows, head) + list(np.diff(edges))
-    else:
-        sizes = [1] * rows
-    return np.asarray(starts, dtype=np.float64), np.asarray(sizes, dtype=np.float64)
-
-
-def _power_law_cdf(x: np.ndarray, rows: int, alpha: float) -> np.ndarray:
-    """CDF at x of the continuous density ~ x^-alpha on [1, rows + 1)."""
-    if abs(alpha - 1.0) < 1e-6:
-        return np.log(x) / math.log(rows + 1)
-    e = 1.0 - alpha
-    return (x**e - 1.0) / ((rows + 1) ** e - 1.0)
-
-
-def active_rows(rows: int, lookups: float, active_ratio: float) -> int:
-    """Rows in play in one batch: ``active_ratio`` x lookups, at least 1, at most ``rows``."""
-    if math.isinf(active_ratio):
-        return rows
-    return int(min(rows, max(1, round(active_ratio * lookups))))
-
-
-def _rank_probabilities(rows: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
-    """(per-rank probability, ranks per bucket) of the power law over ``rows`` ranks."""
-    starts, sizes = _rank_buckets(rows)
-    p = (_power_law_cdf(starts + sizes, rows, alpha) - _power_law_cdf(starts, rows, alpha)) / sizes
-    return p, sizes
-
-
-def expected_access_histogram(
-    rows: int, lookups: float, alpha: float, active_ratio: float = math.inf
-) -> tuple[float, ...]:
-    """Expected 17-bin access histogram of ``lookups`` power-law draws.
-
-    Draws fall on ``active_rows(rows, lookups, active_ratio)`` rows with p(rank k) ~ k^-alpha;
-    each row's count is Poisson(lookups * p_row); the histogram is over rows drawn >= 1 time.
-    """
-    if lookups <= 0:
-        return (1.0,) + (0.0,) * (NUM_ACCESS_BINS - 1)
-    p, sizes = _rank_probabilities(active_rows(rows, lookups, active_ratio), alpha)
-    lam = torch.as_tensor(np.maximum(p * lookups, 1e-300), dtype=torch.float64)
-    n = torch.as_tensor(sizes, dtype=torch.float64)
-    # P(count <= k) = Q(k + 1, lam) for a Poisson(lam) count.
-    uppers = [2.0**j for j in range(NUM_ACCESS_BINS - 1)]
-    cdf = [torch.exp(-lam)] + [torch.special.gammaincc(torch.tensor(u + 1.0, dtype=torch.float64), lam) for u in uppers]
-    cdf.append(torch.ones_like(lam))
-    mass = torch.stack([(cdf[j + 1] - cdf[j]) * n for j in range(NUM_ACCESS_BINS)]).sum(dim=1)
-    mass = mass.clamp_min(0)
-    total = float(mass.sum())
-    if total <= 0:
-        return (1.0,) + (0.0,) * (NUM_ACCESS_BINS - 1)
-    return tuple(float(x) / total for x in mass)
 
 
 FIT_ALPHAS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5)
@@ -285,9 +226,3 @@ def pool_reuse_histogram(
         hist = np.asarray(expected_access_histogram(rows, lookups, t.alpha, t.active_ratio))
         total += hist * expected_unique(rows, lookups, t.alpha, t.active_ratio)
     return total / total.sum()
-
-
-def expected_unique(rows: int, lookups: float, alpha: float, active_ratio: float = math.inf) -> float:
-    """Expected number of distinct rows among ``lookups`` draws (same model as above)."""
-    p, sizes = _rank_probabilities(active_rows(rows, lookups, active_ratio), alpha)
-    return float((sizes * -np.expm1(-p * lookups)).sum())

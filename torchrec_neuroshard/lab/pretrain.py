@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from torchrec_neuroshard.collect import iter_kind, read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect import iter_kind, read_rows, shard_from_record
 from torchrec_neuroshard.costmodel import (
     DEVICE_FEATURES,
     CommNet,
@@ -31,7 +31,7 @@ from torchrec_neuroshard.costmodel import (
     device_features,
     shard_features,
 )
-from torchrec_neuroshard.measure_compute import cpu_threads
+from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.types import ShardingError
 
 TRAIN_THREADS = 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from torchrec_neuroshard.tables import access_histogram
+from torchrec_neuroshard.access import access_histogram
 from torchrec_neuroshard.types import ShardingError, TableSpec
 
 

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from torchrec_neuroshard.measure_comm import measure_comm
-from torchrec_neuroshard.measure_compute import Lookups, measure_compute
+from torchrec_neuroshard.lab.measure_comm import measure_comm
+from torchrec_neuroshard.lab.measure_compute import Lookups, measure_compute
 from torchrec_neuroshard.types import Shard, TableSpec
-from torchrec_neuroshard.workloads import DIMS, PoolTable, WorkloadScale, synthetic_pool, table_spec
+from torchrec_neuroshard.lab.workloads import DIMS, PoolTable, WorkloadScale, synthetic_pool, table_spec
 
 MAX_TABLES_PER_SAMPLE = 15
 COMPUTE_MEMORY_CAP_BYTES = 512 * 2**20
@@ -243,7 +243,7 @@ def draw_comm_sample(world_size: int, seed: int, index: int) -> CommSample:
 def _collect_comm_worker(
     rank: int, world_size: int, out: str, num_samples: int, seed: int, batch_size: int, progress: bool
 ) -> int:
-    from torchrec_neuroshard.launch import default_device
+    from torchrec_neuroshard.lab.launch import default_device
 
     device = default_device(rank)
     path = Path(out)
@@ -290,7 +290,7 @@ def collect_comm(
 
     One file may hold several world sizes; ``num_samples`` counts this world size's rows.
     """
-    from torchrec_neuroshard.launch import default_device, spawn
+    from torchrec_neuroshard.lab.launch import default_device, spawn
 
     batch_size = batch_size or WorkloadScale.for_device(default_device()).batch_size
     spawn(_collect_comm_worker, world_size, str(out), num_samples, seed, batch_size, progress)
@@ -298,7 +298,7 @@ def collect_comm(
 
 
 def _comm_noise_worker(rank: int, world_size: int, num_samples: int, trials: int, seed: int, batch_size: int) -> list[float]:
-    from torchrec_neuroshard.launch import default_device
+    from torchrec_neuroshard.lab.launch import default_device
 
     device = default_device(rank)
     samples = [draw_comm_sample(world_size, seed, i) for i in range(num_samples)]
@@ -317,7 +317,7 @@ def _comm_noise_worker(rank: int, world_size: int, num_samples: int, trials: int
 def comm_noise(world_size: int, num_samples: int, trials: int, seed: int = 0, batch_size: int | None = None) -> list[float]:
     """CV of per-device fwd+bwd all-to-all ms of fixed comm samples re-measured ``trials``
     times (interleaved), one value per (sample, device)."""
-    from torchrec_neuroshard.launch import default_device, spawn
+    from torchrec_neuroshard.lab.launch import default_device, spawn
 
     batch_size = batch_size or WorkloadScale.for_device(default_device()).batch_size
     return spawn(_comm_noise_worker, world_size, num_samples, trials, seed, batch_size)[0]

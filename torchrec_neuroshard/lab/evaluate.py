@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
-from torchrec.distributed.types import ShardingPlan
 from tqdm import tqdm
 
-from torchrec_neuroshard.launch import default_device, spawn
-from torchrec_neuroshard.measure_comm import measure_allreduce, measure_comm
-from torchrec_neuroshard.measure_compute import Lookups, Timing, measure_compute
-from torchrec_neuroshard.sharding import from_torchrec
+from torchrec_neuroshard.lab.launch import default_device, spawn
+from torchrec_neuroshard.lab.measure_comm import measure_allreduce, measure_comm
+from torchrec_neuroshard.lab.measure_compute import Lookups, Timing, measure_compute
 from torchrec_neuroshard.types import DeviceCost, Plan, Shard, Task
-from torchrec_neuroshard.workloads import lookups_for
+from torchrec_neuroshard.lab.workloads import lookups_for
+
+if TYPE_CHECKING:
+    from torchrec.distributed.types import ShardingPlan
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,10 @@ def task_lookups(task: Task, seed: int = 0) -> dict[str, Lookups]:
 
 
 def _as_plan(plan: Plan | ShardingPlan, task: Task) -> Plan:
-    plan = from_torchrec(plan, task.num_devices) if isinstance(plan, ShardingPlan) else plan
+    if not isinstance(plan, Plan):  # a TorchRec ShardingPlan: torchrec is only needed here
+        from torchrec_neuroshard.sharding import from_torchrec
+
+        plan = from_torchrec(plan, task.num_devices)
     plan.validate(task)
     return plan
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from torchrec_neuroshard.measure_compute import Clock, Timing
+from torchrec_neuroshard.lab.measure_compute import Clock, Timing
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,6 @@
+"""The lab: synthetic workloads, ground-truth measurement, data collection, pre-training.
+
+Apart from the planner core: the core never imports the lab. The measuring and collecting
+modules (``measure_compute``, ``measure_comm``, ``collect``, ``workloads``) need torch and
+fbgemm only, so a machine without torchrec can collect pre-training data.
+"""
