@@ -135,3 +135,66 @@ def test_shard_model_helper_returns_a_working_dmp() -> None:
     from tests.models import shard_with_helper
 
     assert spawn(shard_with_helper, 2) == [["f_a0", "f_a1", "f_b0", "f_b1"]] * 2
+
+
+def _ebc(names_dims: list[tuple[str, int, int]]) -> torch.nn.Module:
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    return EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"]) for n, d, r in names_dims],
+        device=torch.device("meta"),
+    )
+
+
+class _TwoEBCs(torch.nn.Module):
+    def __init__(self, first: torch.nn.Module, second: torch.nn.Module) -> None:
+        super().__init__()
+        self.first, self.second = first, second
+
+
+def test_decisions_do_not_depend_on_table_or_module_order() -> None:
+    # "big" is larger than a rank (row-wised), "rep" may only be replicated, the rest searched
+    user = [("big", 16, 8000), ("rep", 8, 50), ("u1", 64, 400), ("u2", 32, 300)]
+    item = [("i1", 128, 200), ("i2", 16, 200), ("i3", 64, 100)]
+    cons = {"rep": ParameterConstraints(sharding_types=["data_parallel"]), "u1": ParameterConstraints(pooling_factors=[4.0])}
+    decisions = []
+    for tables_a, tables_b in [(user, item), (item[::-1], user[::-1]), (user[::-1], item)]:
+        planner = NeuroShardPlanner(topology(2, 500_000), constraints=cons, storage_reservation=0.0)
+        planner.plan(_TwoEBCs(_ebc(tables_a), _ebc(tables_b)), ROW_WISE_SHARDERS)
+        decisions.append({p.table: p for p in planner.plan_.placements})
+    assert decisions[0] == decisions[1] == decisions[2]
+    assert decisions[0]["big"].kind.value == "row_wise" and decisions[0]["rep"].kind.value == "data_parallel"
+
+
+def test_batch_size_is_the_per_rank_batch_as_in_torchrecs_planner() -> None:
+    """NeuroShard and our estimator inside TorchRec's planner, given the same batch_size,
+    price the same table-wise shard at the same load: per-rank batch x world size."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.estimators import NeuralPerfEstimator
+    from torchrec_neuroshard.types import Shard
+
+    per_rank, world = 256, 4
+    model = _ebc([("x", 32, 5000), ("y", 16, 2000)])
+    cons = {"x": ParameterConstraints(sharding_types=["table_wise"], pooling_factors=[8.0]), "y": ParameterConstraints(pooling_factors=[2.0])}
+    ours = NeuroShardPlanner(topology(world), batch_size=per_rank, constraints=cons)
+    ours.plan(model, SHARDERS)
+    assert ours.task_.batch_size == per_rank * world
+    x = ours.task_.table("x")
+    want_fwd, want_bwd = load_pretrained("cpu").with_batch_size(per_rank * world).compute_cost([[Shard(x, 32)]])[0]
+
+    topo = topology(world)
+    enumerator = EmbeddingEnumerator(
+        topology=topo, batch_size=per_rank, constraints=cons,
+        estimator=[NeuralPerfEstimator(topo, cons), EmbeddingStorageEstimator(topo, cons)],
+    )
+    options = enumerator.enumerate(model, SHARDERS)
+    x_tw = next(o for o in options if o.name == "x" and o.sharding_type == "table_wise")
+    assert x_tw.shards[0].perf.fwd_compute == pytest.approx(want_fwd, rel=1e-4)
+    assert x_tw.shards[0].perf.bwd_compute == pytest.approx(want_bwd, rel=1e-4)
+    # and TorchRec's planner itself accepts the same argument
+    EmbeddingShardingPlanner(topology=topo, batch_size=per_rank, constraints=cons).plan(model, SHARDERS)

@@ -6,7 +6,7 @@ import torch
 from tests.models import shard_and_compare, two_tower
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
-from torchrec_neuroshard.types import Plan, ShardingError, TablePlacement
+from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement
 
 # a0 (dim 64) split unevenly 32+16+16 with two shards on rank 1; a1 table-wise on rank 0;
 # b0 (32) split 16+16 both on rank 0; b1 table-wise on rank 1.
@@ -55,3 +55,51 @@ def test_to_torchrec_rejects_bad_widths_and_unknown_tables() -> None:
 def test_module_without_ebc_is_a_clear_error() -> None:
     with pytest.raises(ShardingError, match="Linear contains no torchrec EmbeddingBagCollection"):
         to_torchrec(UNEVEN, torch.nn.Linear(2, 2))
+
+
+# Every kind a Plan records, over two plans of the same model (2 ranks, one host).
+KINDS_A = Plan(
+    (
+        TablePlacement("a0", (32, 16, 16), (0, 1, 1)),  # column_wise, uneven
+        TablePlacement.data_parallel("a1"),
+        TablePlacement("b0", devices=(0, 1), kind=ShardingKind.ROW_WISE, rows=(20, 20)),
+        TablePlacement("b1", (8,), (1,)),  # table_wise
+    ),
+    num_devices=2,
+)
+KINDS_B = Plan(
+    (
+        TablePlacement("a0", (32, 32), (1, 0), ShardingKind.TABLE_COLUMN_WISE),
+        TablePlacement("a1", devices=(0, 1), kind=ShardingKind.TABLE_ROW_WISE, rows=(20, 20)),
+        TablePlacement("b0", (32,), (0,)),
+        TablePlacement.data_parallel("b1"),
+    ),
+    num_devices=2,
+)
+
+
+@pytest.mark.parametrize("plan", [KINDS_A, KINDS_B], ids=["cw-dp-rw-tw", "tcw-trw-tw-dp"])
+def test_every_kind_round_trips_and_runs_under_dmp(plan: Plan) -> None:
+    sharding_plan = to_torchrec(plan, two_tower())
+    assert from_torchrec(sharding_plan, 2) == plan
+    types = {name: ps.sharding_type for mp in sharding_plan.plan.values() for name, ps in mp.items()}
+    assert types == {p.table: p.kind.value for p in plan.placements}
+    for r in spawn(shard_and_compare, 2, plan.to_dict()):
+        assert r["max_err"] < 1e-5
+        assert r["changed"] >= 1
+
+
+def test_plan_dict_round_trip_and_memory_by_kind() -> None:
+    from torchrec_neuroshard.tables import tables_from_module
+
+    assert Plan.from_dict(KINDS_A.to_dict()) == KINDS_A
+    specs = {t.name: t for t in tables_from_module(two_tower(), batch_size=8)}
+    mem = KINDS_A.device_memory(list(specs.values()))
+    dp = specs["a1"].size_bytes()
+    b0_block = 20 * 32 * 4
+    assert mem == [40 * 32 * 4 + dp + b0_block, 40 * 32 * 4 + dp + b0_block + 40 * 8 * 4]
+    assert KINDS_A.data_parallel == ("a1",)
+    with pytest.raises(ShardingError, match="'a1': a data_parallel table has no shards"):
+        TablePlacement("a1", (16,), (0,), ShardingKind.DATA_PARALLEL)
+    with pytest.raises(ShardingError, match="'b0' \\(row_wise\\): needs one device per entry of rows"):
+        TablePlacement("b0", devices=(0, 1), kind=ShardingKind.ROW_WISE, rows=(40,))

@@ -17,7 +17,10 @@ def _collect(args: argparse.Namespace) -> None:
     device = default_device()
     t0 = time.perf_counter()
     if args.what == "compute":
-        n = collect.collect_compute(args.out, args.samples, device, seed=args.seed, num_threads=args.threads)
+        n = collect.collect_compute(
+            args.out, args.samples, device, seed=args.seed, num_threads=args.threads,
+            precision=args.precision, pooled=args.pooling == "sum",
+        )
         print(f"{args.out}: {n} compute samples ({time.perf_counter() - t0:.0f} s this run)")
     elif args.what == "comm":
         n = collect.collect_comm(args.out, args.world_size, args.samples, seed=args.seed)
@@ -93,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--trials", type=int, default=8, help="noise: re-measurements per sample")
     c.add_argument("--threads", type=int, default=1, help="CPU: torch threads for compute")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute: weight dtype")
+    c.add_argument("--pooling", default="sum", choices=["sum", "none"], help="compute: pooled bags (EBC) or sequences (EC)")
     c.set_defaults(func=_collect)
 
     t = sub.add_parser("pretrain", help="train the cost models on collected samples")

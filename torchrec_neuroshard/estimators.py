@@ -27,10 +27,17 @@ from torchrec.distributed.types import ShardingType
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.access import uniform_access_histogram
-from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, TableSpec
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, ShardingKind, TableSpec
 
-_LOCAL_BATCH_TYPES = {ShardingType.DATA_PARALLEL.value}
-_ROW_SPLIT_TYPES = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value, ShardingType.GRID_SHARD.value}
+
+def _sees_all_lookups(sharding_type: str) -> bool:
+    """Column and table shards see every lookup; row blocks (grid shards too) and
+    data-parallel replicas about 1/world of them."""
+    try:
+        kind = ShardingKind(sharding_type)
+    except ValueError:  # grid_shard: row blocks of column shards
+        return False
+    return kind.splits_columns
 
 
 def _shard_spec(option: ShardingOption, rows: int, width: int, batch: int, pooling_scale: float, access_hists: Mapping[str, tuple[float, ...]]) -> Shard:
@@ -46,8 +53,13 @@ def _option_shards(option: ShardingOption, world: int, batch: int, access_hists:
     Column and table shards see every lookup of the global batch; a row shard sees about
     1/world of them; a data-parallel replica sees its local batch (1/world of the bags).
     """
-    scale = 1.0 / world if option.sharding_type in _LOCAL_BATCH_TYPES | _ROW_SPLIT_TYPES else 1.0
+    scale = 1.0 if _sees_all_lookups(option.sharding_type) else 1.0 / world
     return [_shard_spec(option, int(s.size[0]), int(s.size[1]), batch, scale, access_hists) for s in option.shards]
+
+
+def _global_batch(per_rank: int, world: int) -> int:
+    """TorchRec's planners take the per-rank batch; a table-wise shard sees all ranks'."""
+    return per_rank * world
 
 
 class NeuralPerfEstimator(ShardEstimator):
@@ -78,7 +90,7 @@ class NeuralPerfEstimator(ShardEstimator):
         if not sharding_options:
             return
         world = self.topology.world_size
-        batch = self.batch_size or sharding_options[0].batch_size
+        batch = _global_batch(self.batch_size or sharding_options[0].batch_size, world)
         model = self.model.with_batch_size(batch)
         for option in sharding_options:
             shards = _option_shards(option, world, batch, self.access_hists)
@@ -119,7 +131,7 @@ class NeuralPerfModel(PerfModel):
         world = self.topology.world_size
         if not plan:
             return 0.0
-        batch = self.batch_size or plan[0].batch_size
+        batch = _global_batch(self.batch_size or plan[0].batch_size, world)
         model = self.model.with_batch_size(batch)
         devices: list[list[Shard]] = [[] for _ in range(world)]
         dims = np.zeros((1, world), dtype=np.float32)

@@ -61,8 +61,8 @@ class NeuroShardPlanner(ShardingPlanner):
         storage_reservation: share of memory kept free on every rank.
         access_hists: measured access histograms by table (``profile_batches``).
 
-    After ``plan``: ``plan_`` (our ``Plan``) and ``search_result_`` (the search's result,
-    None when no table was searched).
+    After ``plan``: ``plan_`` (our ``Plan``), ``task_`` (the searched tables as a ``Task``
+    at the global batch) and ``search_result_`` (None for both when no table was searched).
     """
 
     def __init__(
@@ -97,7 +97,7 @@ class NeuroShardPlanner(ShardingPlanner):
         decided = triage(tables, world, self.topology.local_world_size, cap)
         for name, why in decided.reasons:
             logger.info("table %s: %s (TorchRec's sharding; not in the predicted cost)", name, why)
-        self.search_result_ = None
+        self.search_result_ = self.task_ = None
         placements = decided.decided
         if decided.searched:
             self.search_result_ = self._search(decided)
@@ -146,7 +146,9 @@ class NeuroShardPlanner(ShardingPlanner):
     def _search(self, decided: Triage) -> SearchResult:
         """Place the searched tables; a split table whose constraints allow only
         table_column_wise is labelled so."""
-        task = Task(tuple(t.spec for t in decided.searched), self.topology.world_size, decided.search_cap_bytes, self._global_batch())
+        task = self.task_ = Task(
+            tuple(t.spec for t in decided.searched), self.topology.world_size, decided.search_cap_bytes, self._global_batch()
+        )
         min_width = {t.spec.name: t.min_width if t.allowed & SPLIT_KINDS else t.spec.dim for t in decided.searched}
         result = search(task, self._cost_model(), self.search_config, min_width)
         host_only = {t.spec.name for t in decided.searched if ShardingKind.COLUMN_WISE not in t.allowed}

@@ -11,7 +11,7 @@ import gzip
 import json
 import platform
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -25,6 +25,7 @@ from torchrec_neuroshard.types import Shard, TableSpec
 from torchrec_neuroshard.lab.workloads import DIMS, PoolTable, WorkloadScale, synthetic_pool, table_spec
 
 MAX_TABLES_PER_SAMPLE = 15
+PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 COMPUTE_MEMORY_CAP_BYTES = 512 * 2**20
 """Rejection cap on a compute sample's weights at the CPU scale (x row_divisor at full size)."""
 
@@ -120,15 +121,16 @@ class ComputeSample:
 
 
 def draw_compute_sample(
-    pool: Sequence[PoolTable], scale: WorkloadScale, seed: int, index: int
+    pool: Sequence[PoolTable], scale: WorkloadScale, seed: int, index: int, one_width: bool = False
 ) -> ComputeSample:
-    """T ~ U{1..15} (table, width) configs with replacement, redrawn until under the cap."""
+    """T ~ U{1..15} (table, width) configs with replacement, redrawn until under the cap;
+    ``one_width``: every table at one drawn width (an unpooled kernel's layout)."""
     rng = np.random.default_rng([seed, index])
     cap = COMPUTE_MEMORY_CAP_BYTES * 64 // scale.row_divisor
     while True:
         t = int(rng.integers(1, MAX_TABLES_PER_SAMPLE + 1))
         ids = rng.integers(0, len(pool), t)
-        widths = rng.choice(DIMS, t)
+        widths = np.full(t, rng.choice(DIMS)) if one_width else rng.choice(DIMS, t)
         size = sum(max(1, pool[i].rows // scale.row_divisor) * w * 4 for i, w in zip(ids, widths))
         if size <= cap:
             return ComputeSample(tuple(int(i) for i in ids), tuple(int(w) for w in widths))
@@ -144,10 +146,10 @@ class PoolLookups:
         self.pool, self.scale = pool, scale
         self._bags: dict[int, Lookups] = {}
 
-    def shards(self, sample: ComputeSample) -> tuple[list[Shard], dict[str, Lookups]]:
+    def shards(self, sample: ComputeSample, bytes_per_element: int = 4) -> tuple[list[Shard], dict[str, Lookups]]:
         shards, lookups = [], {}
         for i, w in zip(sample.table_ids, sample.widths):
-            spec = table_spec(self.pool[i], w, self.scale, name=self.pool[i].name)
+            spec = replace(table_spec(self.pool[i], w, self.scale, name=self.pool[i].name), bytes_per_element=bytes_per_element)
             if i not in self._bags:
                 self._bags[i] = self.pool[i].lookups(self.scale, seed=i)
             shards.append(Shard(spec, w))
@@ -165,10 +167,13 @@ def collect_compute(
     warmup: int = 5,
     repeats: int = 10,
     progress: bool = True,
+    precision: str = "fp32",
+    pooled: bool = True,
 ) -> int:
     """Measure compute samples ``[rows already in out, num_samples)`` and append them.
 
-    Returns the number of rows in the file afterwards.
+    ``precision`` and ``pooled`` choose the kernel (``measure_compute.build_kernel``); every
+    row records both. Returns the number of rows in the file afterwards.
     """
     scale = scale or WorkloadScale.for_device(device)
     pool = synthetic_pool()
@@ -177,13 +182,15 @@ def collect_compute(
     f, start = _open_for_append(Path(out))
     with f:
         for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc="compute samples"):
-            sample = draw_compute_sample(pool, scale, seed, i)
-            shards, lookups = bank.shards(sample)
-            m = measure_compute(shards, lookups, device, warmup, repeats, num_threads)
+            sample = draw_compute_sample(pool, scale, seed, i, one_width=not pooled)
+            shards, lookups = bank.shards(sample, PRECISION_BYTES[precision])
+            m = measure_compute(shards, lookups, device, warmup, repeats, num_threads, precision, pooled)
             row = {
                 "kind": "compute",
                 "group": i,
                 "batch_size": scale.batch_size,
+                "weights_precision": precision,
+                "pooling_mode": "sum" if pooled else "none",
                 "shards": [shard_record(s) for s in shards],
                 "fwd_ms": round(m.fwd.median_ms, 5),
                 "bwd_ms": round(m.bwd.median_ms, 5),

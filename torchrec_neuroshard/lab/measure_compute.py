@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Iterator, Mapping, Sequence
 
 import torch
-from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
     SplitTableBatchedEmbeddingBagsCodegen,
@@ -89,16 +89,30 @@ class Clock:
         return (time.perf_counter() - start) * 1e3  # type: ignore[operator]
 
 
-def build_kernel(shards: Sequence[Shard], device: torch.device) -> SplitTableBatchedEmbeddingBagsCodegen:
-    """One fused TBE (EXACT_SGD, fp32 weights) with a table per shard (rows x width)."""
+PRECISIONS = {"fp32": SparseType.FP32, "fp16": SparseType.FP16, "bf16": SparseType.BF16}
+"""Weight dtypes a kernel can be measured with (bf16 runs on CUDA only in fbgemm-gpu-cpu 1.8)."""
+
+
+def build_kernel(
+    shards: Sequence[Shard], device: torch.device, precision: str = "fp32", pooled: bool = True
+) -> SplitTableBatchedEmbeddingBagsCodegen:
+    """One fused TBE (EXACT_SGD) with a table per shard (rows x width): pooled bags (sum,
+    as an EmbeddingBagCollection runs) or unpooled sequences (as an EmbeddingCollection
+    runs; every shard then has one width, as TorchRec groups sequence tables by dim)."""
     if device.type == "cuda":
         location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
     else:
         location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: choose one of {sorted(PRECISIONS)}")
+    if not pooled and len({s.width for s in shards}) > 1:
+        raise ValueError(f"an unpooled kernel needs one width, got {sorted({s.width for s in shards})}")
     return SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(s.table.rows, s.width, location, compute) for s in shards],
+        embedding_specs=[(s.num_rows, s.width, location, compute) for s in shards],
         optimizer=EmbOptimType.EXACT_SGD,
         learning_rate=0.01,
+        weights_precision=PRECISIONS[precision],
+        pooling_mode=PoolingMode.SUM if pooled else PoolingMode.NONE,
         device=device,
     )
 
@@ -123,6 +137,8 @@ def measure_compute(
     warmup: int = 5,
     repeats: int = 10,
     num_threads: int | None = 1,
+    precision: str = "fp32",
+    pooled: bool = True,
 ) -> ComputeMeasurement:
     """Time forward and backward of one fused TBE over ``shards`` on ``device``.
 
@@ -131,21 +147,22 @@ def measure_compute(
         lookups: each table's bags for one batch, by table name (its shards share them).
         warmup, repeats: untimed then timed iterations; medians are reported.
         num_threads: torch intra-op threads on CPU (ignored on GPU).
+        precision, pooled: the kernel's weight dtype and pooling (see ``build_kernel``).
     """
     if not shards:
         zero = Timing(0.0, 0.0, (0.0,))
         return ComputeMeasurement(zero, zero)
     with cpu_threads(num_threads if device.type == "cpu" else None):
-        kernel = build_kernel(shards, device)
+        kernel = build_kernel(shards, device, precision, pooled)
         indices, offsets = concat_lookups([lookups[s.table.name] for s in shards], device)
-        batch = offsets.numel() - 1
-        grad = torch.ones(batch // len(shards), sum(s.width for s in shards), device=device)
         clock = Clock(device)
         fwd, bwd = [], []
+        grad = None
         for i in range(warmup + repeats):
             t0 = clock.start()
             out = kernel(indices, offsets)
             f = clock.elapsed_ms(t0)
+            grad = torch.ones_like(out) if grad is None else grad
             t1 = clock.start()
             out.backward(grad)
             b = clock.elapsed_ms(t1)

@@ -94,6 +94,11 @@ Data = Union[ComputeData, CommData]
 def load_compute_data(rows: Sequence[dict]) -> ComputeData:
     feats, sample, y, group = [], [], [], []
     for i, r in enumerate(iter_kind(rows, "compute")):
+        if r.get("pooling_mode", "sum") != "sum":
+            raise ShardingError(
+                f"compute sample {r['group']} is an unpooled (sequence) kernel; this model version "
+                "learns pooled kernels only: leave sequence data out of `neuroshard pretrain`"
+            )
         shards = [shard_from_record(s) for s in r["shards"]]
         feats.append(shard_features(shards))
         sample += [len(y)] * len(shards)
