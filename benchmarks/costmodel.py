@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| world size | devices | fwd+bwd MAPE % | fwd MAPE % | bwd MAPE % | Spearman |")
     print("|---|---|---|---|---|---|")
     for d in sorted(set(mdata.world_size.tolist())):
-        m = comm_metrics(model.comm_net, model.comm_norm, mdata.subset(mtest & (mdata.world_size == d)))
+        m = comm_metrics(model.comm.net, model.comm.norm, mdata.subset(mtest & (mdata.world_size == d)))
         print(f"| {d} | {m['devices']} | {m['mape_total']:.1f} | {m['mape_fwd']:.1f} | {m['mape_bwd']:.1f} | {m['spearman_total']:.3f} |")
     held = args.holdout_world_size
     seen = mdata.world_size != held
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     meta = model.meta
     size_kb = args.model.stat().st_size / 1024
-    params = sum(p.numel() for p in model.compute_net.parameters()) + sum(p.numel() for p in model.comm_net.parameters())
+    params = sum(p.numel() for p in model.compute_net.parameters()) + (sum(p.numel() for p in model.comm.net.parameters()) if model.comm is not None else 0)
     print(f"\nModel {args.model.name}: {params:,} parameters, {size_kb:.0f} KiB, trained in {meta['train_seconds']} s "
           f"on {meta['hardware']['device']} ({meta['hardware']['device_name']}), batch {meta['batch_size']}, "
           f"world sizes {meta['world_sizes_trained']}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import platform
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from torchrec_neuroshard.hardware import cpu_cores, cpu_name
 from torchrec_neuroshard.lab.measure_comm import measure_comm
 from torchrec_neuroshard.lab.measure_compute import Lookups, measure_compute
 from torchrec_neuroshard.types import Shard, TableSpec
@@ -30,27 +30,18 @@ COMPUTE_MEMORY_CAP_BYTES = 512 * 2**20
 
 
 def hardware(device: torch.device, num_threads: int | None) -> dict:
-    """What the measurements were taken on: device, versions, threads."""
+    """What the measurements were taken on: device, its name, cores (CPU), versions, threads."""
     import fbgemm_gpu
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return {
         "device": device.type,
         "device_name": name,
+        "cores": cpu_cores() if device.type == "cpu" else None,
         "torch": torch.__version__,
         "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
         "threads": num_threads if device.type == "cpu" else None,
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------- dataset files
