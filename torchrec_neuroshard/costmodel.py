@@ -365,6 +365,21 @@ def pretrained_for(device: str) -> NeuralCostModel:
     return load_pretrained(DEFAULT_PRETRAINED[device])
 
 
+def kernel_size_warning(model: NeuralCostModel, shards_per_device: Sequence[int]) -> str | None:
+    """A warning text when a device fuses more shards than any kernel the compute model was
+    trained on (``meta["max_tables_per_kernel"]``): its prediction there is an extrapolation."""
+    trained = model.meta.get("max_tables_per_kernel")
+    if not trained or not shards_per_device or max(shards_per_device) <= trained:
+        return None
+    worst = int(np.argmax(shards_per_device))
+    return (
+        f"device {worst} fuses {shards_per_device[worst]} shards in one kernel, but the compute model "
+        f"was trained on kernels of at most {trained} tables: its predicted cost there is an "
+        f"extrapolation. Collect compute samples with more tables per kernel on this hardware "
+        f"(lab.collect MAX_TABLES_PER_SAMPLE) and re-train for plans this dense"
+    )
+
+
 def cost_model_for(topology: Any, cost_model: NeuralCostModel | str | Path | None = None) -> NeuralCostModel:
     """The cost model to plan TorchRec ``topology`` with.
 

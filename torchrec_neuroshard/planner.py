@@ -20,7 +20,7 @@ from torchrec.distributed.planner.constants import BATCH_SIZE
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-from torchrec_neuroshard.costmodel import NeuralCostModel, cost_model_for
+from torchrec_neuroshard.costmodel import NeuralCostModel, cost_model_for, kernel_size_warning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats
@@ -151,7 +151,11 @@ class NeuroShardPlanner(ShardingPlanner):
         table_column_wise is labelled so."""
         task = Task(tuple(t.spec for t in decided.searched), self.topology.world_size, decided.search_cap_bytes, self._global_batch())
         min_width = {t.spec.name: t.min_width if t.allowed & SPLIT_KINDS else t.spec.dim for t in decided.searched}
-        result = search(task, self._cost_model(), self.search_config, min_width)
+        model = self._cost_model()
+        result = search(task, model, self.search_config, min_width)
+        crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
+        if crowded:
+            logger.warning("%s", crowded)
         host_only = {t.spec.name for t in decided.searched if ShardingKind.COLUMN_WISE not in t.allowed}
         placements = tuple(
             replace(p, kind=ShardingKind.TABLE_COLUMN_WISE) if p.table in host_only and p.kind is ShardingKind.COLUMN_WISE else p

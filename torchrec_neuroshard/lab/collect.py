@@ -156,11 +156,16 @@ def collect_compute(
     warmup: int = 5,
     repeats: int = 10,
     progress: bool = True,
+    sample_indices: Sequence[int] | None = None,
 ) -> int:
     """Measure compute samples ``[rows already in out, num_samples)`` and append them.
 
-    Returns the number of rows in the file afterwards.
+    Row i measures sample i of ``seed``, or sample ``sample_indices[i]`` when given (a
+    chosen subset, e.g. calibration's covering order). Returns the number of rows in the
+    file afterwards.
     """
+    if sample_indices is not None and len(sample_indices) < num_samples:
+        raise ValueError(f"{num_samples} samples asked for but only {len(sample_indices)} sample indices given")
     scale = scale or WorkloadScale.for_device(device)
     pool = synthetic_pool()
     bank = PoolLookups(pool, scale)
@@ -168,12 +173,13 @@ def collect_compute(
     f, start = _open_for_append(Path(out))
     with f:
         for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc="compute samples"):
-            sample = draw_compute_sample(pool, scale, seed, i)
+            index = i if sample_indices is None else int(sample_indices[i])
+            sample = draw_compute_sample(pool, scale, seed, index)
             shards, lookups = bank.shards(sample)
             m = measure_compute(shards, lookups, device, warmup, repeats, num_threads)
             row = {
                 "kind": "compute",
-                "group": i,
+                "group": index,
                 "batch_size": scale.batch_size,
                 "shards": [shard_record(s) for s in shards],
                 "fwd_ms": round(m.fwd.median_ms, 5),

@@ -273,6 +273,7 @@ def pretrain(
     meta = {
         "hardware": compute_rows[0]["hardware"],
         "batch_size": compute_rows[0]["batch_size"],
+        "max_tables_per_kernel": max(len(r["shards"]) for r in compute_rows),
         "world_sizes_trained": [],
         "compute_config": cnet.config,
         "seed": seed,
