@@ -235,11 +235,23 @@ class NeuralCostModel(CostModel):
 
     @torch.no_grad()
     def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
-        return self.compute_net.table(self.compute_norm(shard_features(shards))).numpy()
+        """The compute net's shard embeddings plus a last column of ones: pooled over a
+        device, that column counts its shards (see ``device_cost``)."""
+        emb = self.compute_net.table(self.compute_norm(shard_features(shards))).numpy()
+        return np.concatenate([emb, np.ones((emb.shape[0], 1), dtype=emb.dtype)], axis=1)
 
     def device_cost(self, pooled: np.ndarray) -> np.ndarray:
+        """(forward, backward) ms of devices from pooled ``embed_shards`` rows.
+
+        A device fusing n shards, more than the ``max_tables_per_kernel`` K the model was
+        trained on, is priced as n / K kernels of K average shards: linear in its work
+        beyond the trained range, rather than the net's unbounded extrapolation of a sum it
+        never saw (``kernel_size_warning`` says when that happens)."""
         # numpy: the search calls this with small batches thousands of times
-        return np.exp(_numpy_mlp(self._head, pooled)) * self.batch_scale
+        count = pooled[:, -1:]
+        trained = self.meta.get("max_tables_per_kernel")
+        stretch = np.maximum(count / trained, 1.0) if trained else np.ones_like(count)
+        return np.exp(_numpy_mlp(self._head, pooled[:, :-1] / stretch)) * stretch * self.batch_scale
 
     def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         if self.comm is None:
@@ -374,9 +386,9 @@ def kernel_size_warning(model: NeuralCostModel, shards_per_device: Sequence[int]
     worst = int(np.argmax(shards_per_device))
     return (
         f"device {worst} fuses {shards_per_device[worst]} shards in one kernel, but the compute model "
-        f"was trained on kernels of at most {trained} tables: its predicted cost there is an "
-        f"extrapolation. Collect compute samples with more tables per kernel on this hardware "
-        f"(lab.collect MAX_TABLES_PER_SAMPLE) and re-train for plans this dense"
+        f"was trained on kernels of at most {trained} tables: its cost there is extrapolated "
+        f"linearly from {trained}-table kernels. Collect compute samples with more tables per kernel "
+        f"on this hardware (lab.collect MAX_TABLES_PER_SAMPLE) and re-train for plans this dense"
     )
 
 

@@ -121,3 +121,14 @@ def hardware_mismatch(model_hw: Hardware, device: str) -> str | None:
         f"{here.describe()} ({why}): its predictions may be off by tens of percent. Run "
         f"`{calibrate_command(device)}` (a few minutes) and pass cost_model=\"my_{device}.pt\""
     )
+
+
+def model_vs_machine(model_hw: Hardware, device: str) -> tuple[str, str | None]:
+    """A line naming the model's hardware beside this machine's ``device``, and the mismatch
+    warning (``hardware_mismatch``) or None: what every benchmark prints first."""
+    here = local_hardware(device)
+    line = (
+        f"cost model measured on: {model_hw.describe()}; this machine: "
+        f"{here.describe() if here else f'no {device} visible'}"
+    )
+    return line, hardware_mismatch(model_hw, device)
