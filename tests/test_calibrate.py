@@ -82,3 +82,17 @@ def test_calibrate_command_measures_here_fine_tunes_and_resumes(tmp_path, capsys
     with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.costmodel"):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), cost_model=str(out))
     assert "measured on" not in caplog.text  # measured on this machine: no mismatch
+
+
+def test_comm_samples_fine_tune_a_neural_comm_or_replace_the_alpha_beta_stand_in(xeon_rows) -> None:
+    comm_rows = list(iter_kind(read_rows(XEON.with_name("intel_xeon_comm_d2.jsonl.gz")), "comm"))[:60]
+    rows = xeon_rows[:30] + comm_rows
+    tuned = fine_tune(load_pretrained("cpu"), rows, epochs=3, progress=False)
+    assert tuned.meta["world_sizes_trained"] == [2, 4, 8]  # the base's sizes, D=2 re-fitted here
+    assert tuned.meta["calibration"]["comm_holdout"]["before"] is not None
+    assert tuned.meta["comm_hardware"]["device_name"] == "Intel(R) Xeon(R) Processor"
+
+    gpu_base = load_pretrained("h200")  # compute only: its comm is the alpha-beta stand-in
+    from_scratch = fine_tune(gpu_base, rows, epochs=3, progress=False)
+    assert from_scratch.comm is not None and from_scratch.meta["world_sizes_trained"] == [2]
+    assert from_scratch.meta["calibration"]["comm_holdout"]["before"] is None

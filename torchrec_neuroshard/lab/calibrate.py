@@ -18,7 +18,6 @@ and resumes where they stop, like ``collect``.
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections import defaultdict
@@ -31,15 +30,13 @@ import torch
 from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
 from torchrec_neuroshard.lab.collect import draw_compute_sample, iter_kind, shard_from_record
 from torchrec_neuroshard.lab.pretrain import (
-    _comm_predict,
-    _compute_predict,
-    _fit,
     comm_metrics,
     compute_metrics,
     load_comm_data,
     load_compute_data,
     split_by_group,
     train_comm,
+    train_compute,
 )
 from torchrec_neuroshard.lab.workloads import PoolTable, WorkloadScale
 from torchrec_neuroshard.types import ShardingError
@@ -134,12 +131,10 @@ def fine_tune(
 
     data = load_compute_data(compute_rows)
     train, val = _split(data.group, seed)
-    net = copy.deepcopy(base.compute_net)
-    norm = base.compute_norm
-    before = compute_metrics(base.compute_net, norm, data.subset(val))
-    log = _fit(
-        net, lambda d: ((_compute_predict(net, norm, d) - d.y.log()) ** 2).mean(), data.subset(train), data.subset(val),
-        epochs, seed, min(32, max(1, int(train.sum()) // 4)), lr, patience, progress, "calibrating compute",
+    before = compute_metrics(base.compute_net, base.compute_norm, data.subset(val))
+    net, norm, log = train_compute(
+        data.subset(train), data.subset(val), epochs, seed, min(32, max(1, int(train.sum()) // 4)), lr, patience,
+        progress, start=(base.compute_net, base.compute_norm),
     )  # fmt: skip
     after = compute_metrics(net, norm, data.subset(val))
     record = {
@@ -163,21 +158,15 @@ def fine_tune(
     if comm_rows:
         cdata = load_comm_data(comm_rows)
         ctrain, cval = _split(cdata.group, seed)
-        if comm is not None:
-            cnet, cnorm = copy.deepcopy(comm.net), comm.norm
-            comm_before = comm_metrics(comm.net, cnorm, cdata.subset(cval))
-            _fit(
-                cnet,
-                lambda d: ((torch.log(_comm_predict(cnet, cnorm, d) + 0.1) - torch.log(d.y + 0.1)) ** 2).mean(),
-                cdata.subset(ctrain), cdata.subset(cval), epochs, seed, 64, lr, patience, progress, "calibrating comm",
-            )  # fmt: skip
-        else:
-            comm_before = None
-            cnet, cnorm, _ = train_comm(cdata.subset(ctrain), cdata.subset(cval), 200, seed, progress=progress)
+        start = (comm.net, comm.norm) if comm is not None else None
+        comm_before = comm_metrics(comm.net, comm.norm, cdata.subset(cval)) if comm is not None else None
+        cnet, cnorm, _ = train_comm(
+            cdata.subset(ctrain), cdata.subset(cval), epochs if start else 200, seed, 64, lr, patience, progress, start=start
+        )
         record["comm_samples"] = int(len(np.unique(cdata.group)))
         record["comm_holdout"] = {"before": comm_before, "after": comm_metrics(cnet, cnorm, cdata.subset(cval))}
         comm = NeuralComm(cnet, cnorm, meta["batch_size"])
-        trained = sorted(set(cdata.world_size.tolist()))
+        trained = sorted(set(cdata.world_size.tolist()) | set(meta.get("world_sizes_trained", []) if start else ()))
         meta.update(comm_hardware=comm_rows[0]["hardware"], comm_config=cnet.config, world_sizes_trained=trained)
     elif comm is not None:
         record["comm"] = "kept the base model's comm net (no comm samples measured here)"

@@ -198,30 +198,46 @@ def _fit(
 
 
 def train_compute(
-    train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int = 64, lr: float = 1e-3, patience: int = 20, progress: bool = True
+    train: ComputeData,
+    val: ComputeData,
+    epochs: int,
+    seed: int,
+    batch: int = 64,
+    lr: float = 1e-3,
+    patience: int = 20,
+    progress: bool = True,
+    start: tuple[ComputeNet, Normalizer] | None = None,
 ) -> tuple[ComputeNet, Normalizer, dict]:
-    """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint."""
+    """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint.
+    ``start``: fine-tune a copy of that net with its normaliser instead of a fresh one."""
     torch.manual_seed(seed)
-    norm = Normalizer.fit(train.x)
-    net = ComputeNet()
+    net, norm = (copy.deepcopy(start[0]), start[1]) if start else (ComputeNet(), Normalizer.fit(train.x))
     log = _fit(
         net, lambda d: ((_compute_predict(net, norm, d) - d.y.log()) ** 2).mean(),
-        train, val, epochs, seed, batch, lr, patience, progress, "compute model",
+        train, val, epochs, seed, batch, lr, patience, progress, "compute model" if start is None else "fine-tuning compute",
     )  # fmt: skip
     return net, norm, log
 
 
 def train_comm(
-    train: CommData, val: CommData, epochs: int, seed: int, batch: int = 128, lr: float = 1e-3, patience: int = 15, progress: bool = True
+    train: CommData,
+    val: CommData,
+    epochs: int,
+    seed: int,
+    batch: int = 128,
+    lr: float = 1e-3,
+    patience: int = 15,
+    progress: bool = True,
+    start: tuple[CommNet, Normalizer] | None = None,
 ) -> tuple[CommNet, Normalizer, dict]:
     """Fit per-device (forward, backward) ms in log space (+0.1 ms, so near-zero costs do
-    not dominate); keep the best validation checkpoint."""
+    not dominate); keep the best validation checkpoint. ``start``: fine-tune a copy of that
+    net with its normaliser instead of a fresh one."""
     torch.manual_seed(seed)
-    norm = Normalizer.fit(train.x)
-    net = CommNet()
+    net, norm = (copy.deepcopy(start[0]), start[1]) if start else (CommNet(), Normalizer.fit(train.x))
     log = _fit(
         net, lambda d: ((torch.log(_comm_predict(net, norm, d) + 0.1) - torch.log(d.y + 0.1)) ** 2).mean(),
-        train, val, epochs, seed, batch, lr, patience, progress, "comm model",
+        train, val, epochs, seed, batch, lr, patience, progress, "comm model" if start is None else "fine-tuning comm",
     )  # fmt: skip
     return net, norm, log
 
