@@ -9,9 +9,9 @@ paired with the alpha-beta comm stand-in built from the topology (TorchRec's def
 bandwidths): the costs are PREDICTED for H200s, none is measured. Planning times are this
 machine's (one thread). TorchRec's EmbeddingShardingPlanner gets its PER-RANK batch
 (65,536 / D) and a cuda topology with the same HBM per rank; a run longer than
-``--torchrec-limit`` seconds is cut off and reported so. Its row-wise shards cannot be
-priced by the column-wise model and its data-parallel tables are not priced (optimistic
-for TorchRec); the table says how many there were.
+``--torchrec-limit`` seconds is cut off and reported so. The compute model prices column
+shards (table-wise and column splits) only: row-wise and data-parallel tables are not
+priced (optimistic for a plan that has them); the table says how many there were.
 
 The H200 samples hold 1-15 tables per kernel; a device with more shards is priced by the
 model's linear extension (``NeuralCostModel.device_cost``), checked inside the measured
@@ -29,6 +29,7 @@ import dataclasses
 import json
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -86,12 +87,7 @@ def plan_with(name: str, task: Task, model, torchrec_limit: int) -> tuple[Plan, 
             sharding_plan = torchrec_plan(per_rank, device_type="cuda")
         finally:
             signal.alarm(0)
-        kinds: dict[str, int] = {}
-        for module_plan in sharding_plan.plan.values():
-            for ps in module_plan.values():
-                kinds[ps.sharding_type] = kinds.get(ps.sharding_type, 0) + 1
-        plan = from_torchrec(sharding_plan, task.num_devices)
-        return plan, ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        return from_torchrec(sharding_plan, task.num_devices), ""
     return baseline_plan(name, task), ""
 
 
@@ -112,7 +108,8 @@ def run_one(num_devices: int, torchrec_limit: int, out: Path, plans: dict | None
             row.update(
                 status="ok", note=note, predicted_ms=cost,
                 bottleneck=[worst.fwd_compute, worst.bwd_compute, worst.fwd_comm, worst.bwd_comm],
-                splits=sum(len(p.widths) > 1 for p in plan.placements), data_parallel=len(plan.data_parallel),
+                kinds=dict(Counter(p.kind.value for p in plan.placements)),
+                unpriced=sum(not p.kind.splits_columns for p in plan.placements),
                 max_shards_per_device=max(len(s) for s in plan.device_shards(task.tables)),
             )  # fmt: skip
             if plans is not None:
@@ -171,10 +168,9 @@ def report(rows: list[dict], trained: int) -> str:
             rel = f"{r['predicted_ms'] / ref:.3f}" if ref else "-"
             b = r["bottleneck"]
             notes = [r["note"]] if r["note"] else []
-            if r["splits"]:
-                notes.append(f"{r['splits']} tables column-split")
-            if r["data_parallel"]:
-                notes.append(f"{r['data_parallel']} data-parallel tables not priced")
+            notes.append(", ".join(f"{k} {v}" for k, v in sorted(r["kinds"].items())))
+            if r["unpriced"]:
+                notes.append(f"{r['unpriced']} row-wise / data-parallel tables not priced")
             lines.append(
                 f"| {d} | {name} | {r['predicted_ms']:.2f} | {rel} | {b[0]:.2f}/{b[1]:.2f} + {b[2]:.2f}/{b[3]:.2f} "
                 f"| {r['max_shards_per_device']}{'' if r['max_shards_per_device'] <= trained else ' (beyond the model)'} "

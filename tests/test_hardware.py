@@ -54,8 +54,11 @@ def test_a_model_of_other_hardware_is_warned_about_with_the_command_to_run(caplo
     other = _with_hardware(load_pretrained("cpu"), device_name="Some Other CPU 9000", cores=64)
     here = local_hardware("cpu")
     assert "cores" in other.hardware.mismatch(Hardware("cpu", "Some Other CPU 9000", 2))
+    task = generate_task(synthetic_pool(), 6, 2, WorkloadScale(), seed=2)
     with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.costmodel"):
-        NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), cost_model=other)
+        NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), cost_model=other).plan(
+            module_for_tables(task.tables), [EmbeddingBagCollectionSharder()]
+        )
     assert f"this machine is {here.describe()}" in caplog.text
     assert "`neuroshard calibrate --device cpu --out my_cpu.pt`" in caplog.text
     assert hardware_mismatch(_with_hardware(other, device_name=here.name, cores=here.cores).hardware, "cpu") is None
@@ -110,12 +113,11 @@ def test_plan_a_cuda_topology_on_a_meta_device_model_without_a_gpu(caplog) -> No
     module = module_for_tables(task.tables, device="meta")
     topology = Topology(world_size=4, compute_device="cuda", hbm_cap=2 * task.memory_cap_bytes, local_world_size=4)
     with caplog.at_level(logging.INFO):
-        planner = NeuroShardPlanner(topology)
-        plan = planner.plan(module, [EmbeddingBagCollectionSharder()])
+        plan = NeuroShardPlanner(topology, batch_size=65_536 // 4).plan(module, [EmbeddingBagCollectionSharder()])
     shardings = next(iter(plan.plan.values()))
     assert set(shardings) == {t.name for t in task.tables}
     assert all(s.compute_kernel == "fused" for s in shardings.values())
     placements = {str(m.placement) for s in shardings.values() for m in s.sharding_spec.shards}
     assert all("cuda" in p for p in placements)
-    assert planner.cost_model.hardware.name == "NVIDIA H200"
+    assert "a model measured on cuda NVIDIA H200" in caplog.text  # the GPU model, chosen by the topology
     assert "alpha-beta stand-in" in caplog.text
