@@ -26,7 +26,8 @@ from tqdm import tqdm
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
 from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
 from torchrec_neuroshard.lab.collect import hardware, read_rows
-from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
+from torchrec_neuroshard.hardware import model_vs_machine
 from torchrec_neuroshard.lab.evaluate import evaluate_plans
 from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.search import SearchConfig, default_scales, search
@@ -270,12 +271,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--limit", type=int, help="only the first N tasks")
+    p.add_argument("--model", type=Path, help="cost model file (default: the shipped one for this machine)")
+    p.add_argument("--allow-mismatch", action="store_true", help="plan with a model of other hardware than this machine")
     args = p.parse_args(argv)
     if args.new_suite or not args.suite.exists():
         save_suite(make_suite(args.tasks_per_size), args.suite)
+    model = NeuralCostModel.load(args.model) if args.model else pretrained_for(default_device().type)
+    line, why = model_vs_machine(model.hardware, default_device().type)
+    print(line)
+    if why:
+        if not args.allow_mismatch:
+            raise ShardingError(f"{why}. Or pass --allow-mismatch to measure the mismatch itself")
+        print(f"WARNING (--allow-mismatch): {why}")
     tasks = load_suite(args.suite)[: args.limit]
     results = args.out / ("compare.jsonl" if args.limit is None else f"compare_first{args.limit}.jsonl")
-    rows = run(tasks, results, rounds=args.rounds)
+    rows = run(tasks, results, rounds=args.rounds, model=model)
     rows = [r for r in rows if r["task"] < len(tasks)]
     print(write_report(rows, args.out, note=f"Suite: {args.suite.name}, {len(tasks)} tasks, {args.rounds} interleaved rounds per task."))
     for path in plot(rows, args.out):

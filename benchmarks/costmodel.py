@@ -7,7 +7,11 @@ compute fwd+bwd MAPE and Spearman, TorchRec's EmbeddingPerfEstimator on the same
 (its fused-kernel fwd+bwd compute summed over a device's tables), comm MAPE per device
 for every world size, comm MAPE on a world size held out of training entirely (a comm
 model re-trained without D=4, tested on all D=4 samples), and the measurement noise floor
-(CV of re-measured samples). Targets: compute MAPE <= 8% and Spearman >= 0.95; comm MAPE
+(CV of re-measured samples) when this machine is the model's kind (else the datasheet's).
+First it prints the model's hardware beside this machine's. The H200 model (compute only):
+
+    python -m benchmarks.costmodel --model torchrec_neuroshard/pretrained/h200.pt \
+        --data torchrec_neuroshard/lab/data/h200_compute.jsonl.gz Targets: compute MAPE <= 8% and Spearman >= 0.95; comm MAPE
 <= 10%; unseen world size <= 15%.
 """
 
@@ -23,6 +27,7 @@ import torch
 
 from torchrec_neuroshard.lab.collect import compute_noise, comm_noise, iter_kind, read_rows, shard_from_record
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
+from torchrec_neuroshard.hardware import model_vs_machine
 from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
@@ -36,10 +41,10 @@ from torchrec_neuroshard.lab.pretrain import (
 )
 from torchrec_neuroshard.types import TableSpec
 
-DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "data"
+DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 
 
-def torchrec_estimates(samples: Sequence[dict], world_size: int = 2) -> list[float]:
+def torchrec_estimates(samples: Sequence[dict], world_size: int = 2, device: str = "cpu") -> list[float]:
     """TorchRec's EmbeddingPerfEstimator fwd+bwd compute (ms) of each compute sample: the
     table-wise fused shard perf of each of its tables, summed (TorchRec's own rating)."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -55,7 +60,7 @@ def torchrec_estimates(samples: Sequence[dict], world_size: int = 2) -> list[flo
             shard = shard_from_record(s)
             name = f"{s['name']}_w{s['width']}"
             specs[name] = TableSpec(name, shard.table.rows, shard.width, shard.table.pooling_factor, shard.table.access_hist)
-    topology = Topology(world_size=world_size, compute_device="cpu", local_world_size=world_size)
+    topology = Topology(world_size=world_size, compute_device=device, local_world_size=world_size)
     cons = {
         n: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"], pooling_factors=[t.pooling_factor])
         for n, t in specs.items()
@@ -84,6 +89,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     torch.manual_seed(0)
     model = NeuralCostModel.load(args.model)
+    device = model.hardware.device
+    line, mismatch = model_vs_machine(model.hardware, device)
+    print(f"{args.model.name}: {line}\n")
     seed = int(model.meta.get("seed", 0))
     rows = [r for path in args.data for r in read_rows(path)]
 
@@ -92,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     ours = compute_metrics(model.compute_net, model.compute_norm, cdata.subset(test))
     compute_rows = list(iter_kind(rows, "compute"))
     test_rows = [r for r, keep in zip(compute_rows, test) if keep]
-    tr = torch.tensor(torchrec_estimates(test_rows), dtype=torch.float64)
+    tr = torch.tensor(torchrec_estimates(test_rows, device=device), dtype=torch.float64)
     truth = cdata.subset(test).y.sum(1).double()
     print(f"## Compute model (test split: {ours['samples']} fused multi-table kernels, unseen table sets)\n")
     print("| estimator | fwd+bwd MAPE % | Spearman | fwd MAPE % | bwd MAPE % |")
@@ -102,13 +110,31 @@ def main(argv: list[str] | None = None) -> None:
     scale = float((truth / tr).median())
     print(f"| TorchRec, rescaled by its median ratio ({scale:.3g}) | {mape(tr * scale, truth):.1f} | {spearman(tr, truth):.3f} | - | - |")
 
+    if model.comm is None or not any(True for _ in iter_kind(rows, "comm")):
+        print(
+            "\nNo comm model or no comm samples: this model is compute-only (measured on one GPU; "
+            "planning pairs it with the alpha-beta comm stand-in from the topology)."
+        )
+    else:
+        _comm_tables(args, model, rows, seed)
+    if args.noise_samples and mismatch is None:
+        _noise(args)
+    elif args.noise_samples:
+        print(
+            f"\nNoise floor: not measured, this machine is not the model's ({mismatch.split(':')[0]}); "
+            "see the noise floor in the model's datasheet (torchrec_neuroshard/lab/data/DATASHEET*.md)"
+        )
+    _inference_speed(args, model, test_rows)
+
+
+def _comm_tables(args: argparse.Namespace, model: NeuralCostModel, rows: list[dict], seed: int) -> None:
     mdata = load_comm_data(rows)
     mtrain, mval, mtest = split_by_group(mdata.group, seed)
     print("\n## Comm model (per device, test split)\n")
     print("| world size | devices | fwd+bwd MAPE % | fwd MAPE % | bwd MAPE % | Spearman |")
     print("|---|---|---|---|---|---|")
     for d in sorted(set(mdata.world_size.tolist())):
-        m = comm_metrics(model.comm_net, model.comm_norm, mdata.subset(mtest & (mdata.world_size == d)))
+        m = comm_metrics(model.comm.net, model.comm.norm, mdata.subset(mtest & (mdata.world_size == d)))
         print(f"| {d} | {m['devices']} | {m['mape_total']:.1f} | {m['mape_fwd']:.1f} | {m['mape_bwd']:.1f} | {m['spearman_total']:.3f} |")
     held = args.holdout_world_size
     seen = mdata.world_size != held
@@ -124,15 +150,20 @@ def main(argv: list[str] | None = None) -> None:
         f"{avg['mape_fwd']:.1f} | {avg['mape_bwd']:.1f} | {avg['spearman_total']:.3f} |"
     )
 
-    if args.noise_samples:
-        device = default_device()
-        cv = compute_noise(args.noise_samples, args.noise_trials, device)
-        print(f"\nNoise floor, compute: median CV {100 * statistics.median(cv):.1f}% "
-              f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} samples x {args.noise_trials} re-measurements")
-        for d in (2, held):
-            cv = comm_noise(d, args.noise_samples, args.noise_trials)
-            print(f"Noise floor, comm D={d}: median CV {100 * statistics.median(cv):.1f}% "
-                  f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} sample-devices x {args.noise_trials}")
+
+def _noise(args: argparse.Namespace) -> None:
+    """The measurement noise floor on this machine (the model's own kind)."""
+    device = default_device()
+    cv = compute_noise(args.noise_samples, args.noise_trials, device)
+    print(f"\nNoise floor, compute: median CV {100 * statistics.median(cv):.1f}% "
+          f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} samples x {args.noise_trials} re-measurements")
+    for d in (2, args.holdout_world_size):
+        cv = comm_noise(d, args.noise_samples, args.noise_trials)
+        print(f"Noise floor, comm D={d}: median CV {100 * statistics.median(cv):.1f}% "
+              f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} sample-devices x {args.noise_trials}")
+
+
+def _inference_speed(args: argparse.Namespace, model: NeuralCostModel, test_rows: list[dict]) -> None:
     shards = [shard_from_record(s) for r in test_rows for s in r["shards"]][:10_000]
     devices = [[s] for s in shards] * (10_000 // max(1, len(shards)) + 1)
     devices = devices[:10_000]
@@ -154,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     meta = model.meta
     size_kb = args.model.stat().st_size / 1024
-    params = sum(p.numel() for p in model.compute_net.parameters()) + sum(p.numel() for p in model.comm_net.parameters())
+    params = sum(p.numel() for p in model.compute_net.parameters()) + (sum(p.numel() for p in model.comm.net.parameters()) if model.comm is not None else 0)
     print(f"\nModel {args.model.name}: {params:,} parameters, {size_kb:.0f} KiB, trained in {meta['train_seconds']} s "
           f"on {meta['hardware']['device']} ({meta['hardware']['device_name']}), batch {meta['batch_size']}, "
           f"world sizes {meta['world_sizes_trained']}")

@@ -26,7 +26,8 @@ from torchrec.distributed.planner import ParameterConstraints, Topology
 from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
-from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.costmodel import pretrained_for
+from torchrec_neuroshard.hardware import model_vs_machine
 from torchrec_neuroshard.search import search
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
@@ -44,7 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--torchrec-limit", type=int, default=300, help="seconds before TorchRec's run is cut off")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    model = load_pretrained()
+    model = pretrained_for("cpu")
+    line, why = model_vs_machine(model.hardware, "cpu")
+    print(line + "\n")
+    if why:
+        print(f"WARNING: {why}\n")
     pool = synthetic_pool()
     print("| T | D | NeuroShard s (median, min-max) | split states scored | TorchRec planner s |")
     print("|---|---|---|---|---|")

@@ -1,4 +1,4 @@
-"""The ``neuroshard`` command: collect / pretrain / plan / bench."""
+"""The ``neuroshard`` command: collect / pretrain / calibrate / plan / bench."""
 
 from __future__ import annotations
 
@@ -48,6 +48,63 @@ def _pretrain(args: argparse.Namespace) -> None:
     model.save(args.out)
     print(json.dumps(model.meta["test"], indent=2))
     print(f"saved {args.out} (trained in {model.meta['train_seconds']} s)")
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    import torch
+
+    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
+    from torchrec_neuroshard.lab import collect
+    from torchrec_neuroshard.lab.calibrate import CALIBRATION_SEED, calibration_indices, fine_tune
+    from torchrec_neuroshard.lab.launch import default_device
+    from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
+
+    t0 = time.perf_counter()
+    device = torch.device(args.device) if args.device else default_device()
+    if args.base is None:
+        base = pretrained_for(device.type)
+    elif Path(args.base).suffix == ".pt" or Path(args.base).exists():
+        base = NeuralCostModel.load(args.base)
+    else:
+        base = load_pretrained(args.base)
+    scale = WorkloadScale.for_device(device)
+    data_dir = Path(args.data_dir)
+    compute_path, comm_path = data_dir / "compute.jsonl", data_dir / "comm.jsonl"
+    indices = calibration_indices(synthetic_pool(), scale, args.samples)
+    collect.collect_compute(
+        compute_path, args.samples, device, scale, seed=CALIBRATION_SEED, num_threads=args.threads, sample_indices=indices
+    )
+    t_compute = time.perf_counter() - t0
+    for d in args.world_size:
+        collect.collect_comm(comm_path, d, args.comm_samples, seed=CALIBRATION_SEED)
+    t_comm = time.perf_counter() - t0 - t_compute
+    rows = collect.read_rows(compute_path)[: args.samples]
+    for d in args.world_size:
+        rows += [r for r in collect.iter_kind(collect.read_rows(comm_path), "comm") if r["world_size"] == d][: args.comm_samples]
+    model = fine_tune(base, rows, epochs=args.epochs, seed=args.seed)
+    model.save(args.out)
+    cal = model.meta["calibration"]
+    before, after = cal["compute_holdout"]["before"], cal["compute_holdout"]["after"]
+    print(
+        f"calibrated {cal['base']['hardware']['device']} {cal['base']['hardware'].get('device_name')} model to "
+        f"{model.hardware.describe()} on {cal['compute_samples']} compute samples"
+        + (f" and {cal['comm_samples']} comm samples (D={args.world_size})" if "comm_samples" in cal else "")
+    )
+    print(
+        f"held-out compute fwd+bwd ({before['samples']} samples): MAPE {before['mape_total']:.1f}% -> "
+        f"{after['mape_total']:.1f}%, Spearman {before['spearman_total']:.3f} -> {after['spearman_total']:.3f}"
+    )
+    if "comm_holdout" in cal:
+        cb, ca = cal["comm_holdout"]["before"], cal["comm_holdout"]["after"]
+        was = f"{cb['mape_total']:.1f}% -> " if cb else "(trained from scratch) "
+        print(f"held-out comm per device ({ca['devices']} devices): MAPE {was}{ca['mape_total']:.1f}%")
+    total = time.perf_counter() - t0
+    print(
+        f"saved {args.out}; wall time {total:.0f} s (measuring compute {t_compute:.0f} s, comm {t_comm:.0f} s, "
+        f"fine-tuning {cal['seconds']:.0f} s). Plan with NeuroShardPlanner(topology, cost_model={str(args.out)!r})"
+    )
 
 
 def _plan(args: argparse.Namespace) -> None:
@@ -107,6 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--exclude-world-size", type=int, nargs="*", default=[], help="hold these world sizes out of training")
     t.set_defaults(func=_pretrain)
+
+    k = sub.add_parser("calibrate", help="fine-tune the shipped cost model to this machine (minutes)")
+    k.add_argument("--out", required=True, help="model file to write")
+    k.add_argument("--device", choices=["cpu", "cuda"], help="what to calibrate (default: cuda if a GPU is visible, else cpu)")
+    k.add_argument("--base", help="model to start from: a file or a shipped name (default: the shipped one for the device)")
+    k.add_argument("--samples", type=int, default=200, help="compute samples to measure")
+    k.add_argument("--world-size", type=int, nargs="*", default=[], help="also measure and calibrate comm at these world sizes")
+    k.add_argument("--comm-samples", type=int, default=100, help="comm samples per world size")
+    k.add_argument("--data-dir", default="neuroshard_calibration", help="where the measured samples go (resumable)")
+    k.add_argument("--epochs", type=int, default=100, help="most fine-tuning epochs (early-stopped)")
+    k.add_argument("--threads", type=int, default=1, help="CPU: torch threads for compute")
+    k.add_argument("--seed", type=int, default=0)
+    k.set_defaults(func=_calibrate)
 
     pl = sub.add_parser("plan", help="plan a task (JSON from the task generator)")
     pl.add_argument("task", help="task JSON file")

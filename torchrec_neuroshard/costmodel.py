@@ -8,12 +8,19 @@ Comm model (one for every world size D): permutation-equivariant over devices. A
 MLP sees the device's own dim sum and skew plus summaries pooled over all devices (mean,
 max, min of dim sums, max skew) and D; it predicts forward and backward all-to-all ms.
 The forward prediction adds the device's wait for the latest device (max skew - own skew).
+The comm part is pluggable (``comm.CommModel``): this net, or the alpha-beta stand-in
+built from a topology for models measured on one GPU.
+
+Every model file records the hardware its samples were measured on; ``cost_model_for``
+picks the shipped model for a topology and this machine and warns on a mismatch.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -21,10 +28,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from torchrec_neuroshard.comm import AlphaBetaComm, CommModel
+from torchrec_neuroshard.hardware import Hardware, hardware_mismatch, local_hardware
 from torchrec_neuroshard.types import CostModel, NUM_ACCESS_BINS, Shard, ShardingError
+
+logger = logging.getLogger(__name__)
 
 FEATURE_VERSION = 1
 MODEL_FORMAT = "torchrec-neuroshard/costmodel"
+FORMAT_VERSION = 2
+"""1: compute and comm nets always present. 2: the comm net is optional (a model measured on
+one GPU has none) and ``meta["hardware"]`` records the core count of a CPU."""
 
 SHARD_FEATURES = (
     "log_rows", "width", "log_width", "pooling_factor", "log_pooling", "log_lookup_bytes",
@@ -88,6 +102,7 @@ class ComputeNet(nn.Module):
 
     def __init__(self, num_features: int = len(SHARD_FEATURES), hidden: int = 128, embed: int = 64) -> None:
         super().__init__()
+        self.config = {"num_features": num_features, "hidden": hidden, "embed": embed}
         self.table = mlp([num_features, hidden, hidden, embed])
         self.head = mlp([embed, hidden, 2])
 
@@ -102,6 +117,7 @@ class CommNet(nn.Module):
 
     def __init__(self, num_features: int = len(DEVICE_FEATURES), hidden: int = 64) -> None:
         super().__init__()
+        self.config = {"num_features": num_features, "hidden": hidden}
         self.net = mlp([num_features, hidden, hidden, 2])
 
     def forward(self, x_norm: torch.Tensor, wait_ms: torch.Tensor) -> torch.Tensor:
@@ -131,54 +147,27 @@ class Normalizer:
         return Normalizer(torch.tensor(d["mean"]), torch.tensor(d["std"]))
 
 
-class NeuralCostModel(CostModel):
-    """The pre-trained compute and comm nets behind the ``CostModel`` interface (ms).
+class NeuralComm(CommModel):
+    """The trained ``CommNet`` behind the ``CommModel`` interface; predictions scale
+    linearly from the global batch it was trained at (``batch_size``) to ``batch_scale``x."""
 
-    ``batch_scale`` multiplies every prediction: the planner sets it to the ratio of the
-    user's batch size to the one the model was trained at (a first-order correction).
-    """
-
-    def __init__(
-        self,
-        compute_net: ComputeNet,
-        compute_norm: Normalizer,
-        comm_net: CommNet,
-        comm_norm: Normalizer,
-        meta: dict[str, Any],
-        batch_scale: float = 1.0,
-    ) -> None:
-        self.compute_net = compute_net.eval()
-        self.compute_norm = compute_norm
-        self.comm_net = comm_net.eval()
-        self.comm_norm = comm_norm
-        self.meta = meta
+    def __init__(self, net: CommNet, norm: Normalizer, batch_size: int, batch_scale: float = 1.0) -> None:
+        self.net = net.eval()
+        self.norm = norm
+        self.batch_size = batch_size
         self.batch_scale = batch_scale
-        self._head = _numpy_layers(compute_net.head)
-        self._comm = _numpy_layers(comm_net.net)
-        self._comm_mean = comm_norm.mean.numpy()
-        self._comm_std = comm_norm.std.numpy()
 
-    @property
-    def batch_size(self) -> int:
-        return int(self.meta["batch_size"])
+    @cached_property
+    def _layers(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return _numpy_layers(self.net.net)
 
-    def with_batch_size(self, batch_size: int) -> "NeuralCostModel":
-        """The same model with predictions scaled to ``batch_size`` (linear in the batch);
-        ``self`` when that is the scale it already has."""
+    def with_batch_size(self, batch_size: int) -> "NeuralComm":
         if batch_size / self.batch_size == self.batch_scale:
             return self
-        return NeuralCostModel(
-            self.compute_net, self.compute_norm, self.comm_net, self.comm_norm, self.meta,
-            batch_size / self.batch_size,
-        )  # fmt: skip
+        return NeuralComm(self.net, self.norm, self.batch_size, batch_size / self.batch_size)
 
-    @torch.no_grad()
-    def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
-        return self.compute_net.table(self.compute_norm(shard_features(shards))).numpy()
-
-    def device_cost(self, pooled: np.ndarray) -> np.ndarray:
-        # numpy: the search calls this with small batches thousands of times
-        return np.exp(_numpy_mlp(self._head, pooled)) * self.batch_scale
+    def describe(self) -> str:
+        return "neural (trained on measured all-to-alls)"
 
     def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         r, n = np.shape(dims)
@@ -186,26 +175,113 @@ class NeuralCostModel(CostModel):
             return np.zeros((r, 1, 2), dtype=np.float32)
         x = device_features(dims, skews_ms).reshape(r * n, -1)
         wait = x[:, DEVICE_FEATURES.index("wait_ms")]
-        z = (x - self._comm_mean) / self._comm_std
-        out = np.logaddexp(0.0, _numpy_mlp(self._comm, z))  # softplus
+        z = (x - self.norm.mean.numpy()) / self.norm.std.numpy()
+        out = np.logaddexp(0.0, _numpy_mlp(self._layers, z))  # softplus
         out[:, 0] += wait
         return (out * self.batch_scale).reshape(r, n, 2)
 
+
+class NeuralCostModel(CostModel):
+    """The pre-trained compute net and a comm model behind the ``CostModel`` interface (ms).
+
+    ``comm`` is pluggable: the trained ``NeuralComm``, or ``AlphaBetaComm`` built from a
+    topology for a model measured on one GPU (its file holds no comm net); None until one
+    is attached with ``with_comm``. ``batch_scale`` multiplies every compute prediction:
+    the planner sets it to the ratio of the user's batch size to the one the model was
+    trained at (a first-order correction); ``with_batch_size`` rescales the comm too.
+    ``meta`` holds the hardware the samples were measured on (``hardware``), the batch size
+    and the training record.
+    """
+
+    def __init__(
+        self,
+        compute_net: ComputeNet,
+        compute_norm: Normalizer,
+        comm: CommModel | None,
+        meta: dict[str, Any],
+        batch_scale: float = 1.0,
+    ) -> None:
+        self.compute_net = compute_net.eval()
+        self.compute_norm = compute_norm
+        self.comm = comm
+        self.meta = meta
+        self.batch_scale = batch_scale
+
+    @cached_property
+    def _head(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return _numpy_layers(self.compute_net.head)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.meta["batch_size"])
+
+    @property
+    def hardware(self) -> Hardware:
+        """The machine kind the compute samples were measured on."""
+        return Hardware.from_record(self.meta["hardware"])
+
+    def with_batch_size(self, batch_size: int) -> "NeuralCostModel":
+        """The same model with predictions scaled to ``batch_size`` (linear in the batch);
+        ``self`` when that is the scale it already has."""
+        comm = self.comm.with_batch_size(batch_size) if self.comm is not None else None
+        if batch_size / self.batch_size == self.batch_scale and comm is self.comm:
+            return self
+        return NeuralCostModel(self.compute_net, self.compute_norm, comm, self.meta, batch_size / self.batch_size)
+
+    def with_comm(self, comm: CommModel) -> "NeuralCostModel":
+        """The same compute model paired with ``comm`` (at this model's batch scale)."""
+        batch = round(self.batch_size * self.batch_scale)
+        return NeuralCostModel(self.compute_net, self.compute_norm, comm.with_batch_size(batch), self.meta, self.batch_scale)
+
+    @torch.no_grad()
+    def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
+        """The compute net's shard embeddings plus a last column of ones: pooled over a
+        device, that column counts its shards (see ``device_cost``)."""
+        emb = self.compute_net.table(self.compute_norm(shard_features(shards))).numpy()
+        return np.concatenate([emb, np.ones((emb.shape[0], 1), dtype=emb.dtype)], axis=1)
+
+    def device_cost(self, pooled: np.ndarray) -> np.ndarray:
+        """(forward, backward) ms of devices from pooled ``embed_shards`` rows.
+
+        A device fusing n shards, more than the ``max_tables_per_kernel`` K the model was
+        trained on, is priced as n / K kernels of K average shards: linear in its work
+        beyond the trained range, rather than the net's unbounded extrapolation of a sum it
+        never saw (``kernel_size_warning`` says when that happens)."""
+        # numpy: the search calls this with small batches thousands of times
+        count = pooled[:, -1:]
+        trained = self.meta.get("max_tables_per_kernel")
+        stretch = np.maximum(count / trained, 1.0) if trained else np.ones_like(count)
+        return np.exp(_numpy_mlp(self._head, pooled[:, :-1] / stretch)) * stretch * self.batch_scale
+
+    def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+        if self.comm is None:
+            raise ShardingError(
+                f"this cost model (measured on {self.hardware.describe()}) has no comm part: pair "
+                "it with one, model.with_comm(AlphaBetaComm.from_topology(topology, batch_size)) "
+                "(NeuroShardPlanner does so for a topology), or calibrate comm with "
+                "`neuroshard calibrate --world-size D`"
+            )
+        return self.comm.comm_cost_array(dims, skews_ms)
+
     def save(self, path: str | Path) -> None:
-        torch.save(
-            {
-                "format": MODEL_FORMAT,
-                "feature_version": FEATURE_VERSION,
-                "shard_features": list(SHARD_FEATURES),
-                "device_features": list(DEVICE_FEATURES),
-                "compute_state": self.compute_net.state_dict(),
-                "compute_norm": self.compute_norm.state(),
-                "comm_state": self.comm_net.state_dict(),
-                "comm_norm": self.comm_norm.state(),
-                "meta": self.meta,
-            },
-            Path(path),
-        )
+        """Write the model file: the compute net, the neural comm net if there is one (an
+        alpha-beta comm is rebuilt from the topology, never saved), their constructor args
+        and normalisers, and ``meta``."""
+        neural = self.comm if isinstance(self.comm, NeuralComm) else None
+        blob = {
+            "format": MODEL_FORMAT,
+            "format_version": FORMAT_VERSION,
+            "feature_version": FEATURE_VERSION,
+            "shard_features": list(SHARD_FEATURES),
+            "device_features": list(DEVICE_FEATURES),
+            "compute_state": self.compute_net.state_dict(),
+            "compute_norm": self.compute_norm.state(),
+            "meta": self.meta,
+        }
+        if neural is not None:
+            blob["comm_state"] = neural.net.state_dict()
+            blob["comm_norm"] = neural.norm.state()
+        torch.save(blob, Path(path))
 
     @staticmethod
     def load(path: str | Path) -> "NeuralCostModel":
@@ -222,6 +298,11 @@ class NeuralCostModel(CostModel):
             ) from e
         if not isinstance(blob, dict) or blob.get("format") != MODEL_FORMAT:
             raise ShardingError(f"{path}: not a torchrec-neuroshard cost model file")
+        if blob.get("format_version", 1) > FORMAT_VERSION:
+            raise ShardingError(
+                f"{path}: model file format {blob['format_version']} is newer than this "
+                f"torchrec-neuroshard reads ({FORMAT_VERSION}); upgrade torchrec-neuroshard"
+            )
         if (
             blob.get("feature_version") != FEATURE_VERSION
             or blob.get("shard_features") != list(SHARD_FEATURES)
@@ -232,18 +313,18 @@ class NeuralCostModel(CostModel):
                 f"torchrec-neuroshard needs {FEATURE_VERSION}; re-train it with `neuroshard pretrain`"
             )
         try:
-            compute = ComputeNet(**blob["meta"]["compute_config"])
+            meta = blob["meta"]
+            compute = ComputeNet(**meta["compute_config"])
             compute.load_state_dict(blob["compute_state"])
-            comm = CommNet(**blob["meta"]["comm_config"])
-            comm.load_state_dict(blob["comm_state"])
-            return NeuralCostModel(
-                compute,
-                Normalizer.from_state(blob["compute_norm"]),
-                comm,
-                Normalizer.from_state(blob["comm_norm"]),
-                blob["meta"],
-            )
-        except (KeyError, RuntimeError, TypeError) as e:
+            comm = None
+            if "comm_state" in blob:
+                net = CommNet(**meta["comm_config"])
+                net.load_state_dict(blob["comm_state"])
+                comm = NeuralComm(net, Normalizer.from_state(blob["comm_norm"]), int(meta["batch_size"]))
+            model = NeuralCostModel(compute, Normalizer.from_state(blob["compute_norm"]), comm, meta)
+            Hardware.from_record(meta["hardware"])  # a file without a valid hardware record is corrupt
+            return model
+        except (KeyError, RuntimeError, TypeError, ValueError) as e:
             raise ShardingError(f"{path}: cost model file is incomplete or corrupt: {e}") from e
 
 
@@ -261,6 +342,9 @@ def _numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np
 
 PRETRAINED_DIR = Path(__file__).parent / "pretrained"
 
+DEFAULT_PRETRAINED = {"cpu": "cpu", "cuda": "h200"}
+"""The shipped model a device kind falls back to when none was measured on this machine."""
+
 
 def load_pretrained(name: str = "cpu") -> NeuralCostModel:
     """A model shipped in ``torchrec_neuroshard/pretrained/<name>.pt``."""
@@ -269,3 +353,73 @@ def load_pretrained(name: str = "cpu") -> NeuralCostModel:
         have = sorted(p.stem for p in PRETRAINED_DIR.glob("*.pt"))
         raise ShardingError(f"no pretrained cost model {name!r}; shipped: {have}")
     return NeuralCostModel.load(path)
+
+
+@lru_cache(maxsize=None)
+def shipped_hardware() -> dict[str, Hardware]:
+    """The hardware each shipped model was measured on, by model name."""
+    return {p.stem: NeuralCostModel.load(p).hardware for p in sorted(PRETRAINED_DIR.glob("*.pt"))}
+
+
+def pretrained_for(device: str) -> NeuralCostModel:
+    """The shipped model for planning ``device`` on this machine: the one measured on this
+    very hardware if one is shipped, else ``DEFAULT_PRETRAINED[device]``."""
+    if device not in DEFAULT_PRETRAINED:
+        raise ShardingError(
+            f"no shipped cost model for compute device {device!r} (shipped for {sorted(DEFAULT_PRETRAINED)}); "
+            f"measure one with `neuroshard collect` and `neuroshard pretrain`, and pass cost_model="
+        )
+    here = local_hardware(device)
+    if here is not None:
+        for name, hw in shipped_hardware().items():
+            if hw.mismatch(here) is None:
+                return load_pretrained(name)
+    return load_pretrained(DEFAULT_PRETRAINED[device])
+
+
+def kernel_size_warning(model: NeuralCostModel, shards_per_device: Sequence[int]) -> str | None:
+    """A warning text when a device fuses more shards than any kernel the compute model was
+    trained on (``meta["max_tables_per_kernel"]``): its prediction there is an extrapolation."""
+    trained = model.meta.get("max_tables_per_kernel")
+    if not trained or not shards_per_device or max(shards_per_device) <= trained:
+        return None
+    worst = int(np.argmax(shards_per_device))
+    return (
+        f"device {worst} fuses {shards_per_device[worst]} shards in one kernel, but the compute model "
+        f"was trained on kernels of at most {trained} tables: its cost there is extrapolated "
+        f"linearly from {trained}-table kernels. Collect compute samples with more tables per kernel "
+        f"on this hardware (lab.collect MAX_TABLES_PER_SAMPLE) and re-train for plans this dense"
+    )
+
+
+def cost_model_for(topology: Any, cost_model: NeuralCostModel | str | Path | None = None) -> NeuralCostModel:
+    """The cost model to plan TorchRec ``topology`` with.
+
+    ``cost_model`` (a model, a file path or a shipped name) overrides the choice; by default
+    the shipped model for the topology's compute device and this machine
+    (``pretrained_for``). A model measured on other hardware than the topology's device (or
+    this machine's CPU / GPU, where visible) is used with a logged warning that names the
+    command making a model for this machine. A model without a comm part (measured on one
+    GPU) is paired with ``AlphaBetaComm`` from the topology's bandwidths: a stand-in until
+    comm is measured on NCCL.
+    """
+    device = topology.compute_device
+    if cost_model is None:
+        model = pretrained_for(device)
+    elif isinstance(cost_model, NeuralCostModel):
+        model = cost_model
+    else:
+        path = Path(cost_model)
+        model = NeuralCostModel.load(path) if path.suffix == ".pt" or path.exists() else load_pretrained(str(cost_model))
+    why = hardware_mismatch(model.hardware, device)
+    if why:
+        logger.warning("%s", why)
+    elif device == "cuda" and local_hardware("cuda") is None:
+        logger.info(
+            "planning for cuda with a model measured on %s; no GPU is visible here to compare it with",
+            model.hardware.describe(),
+        )
+    if model.comm is None:
+        model = model.with_comm(AlphaBetaComm.from_topology(topology, model.batch_size))
+        logger.info("comm cost: %s, until comm is measured on this hardware", model.comm.describe())
+    return model

@@ -20,7 +20,7 @@ from torchrec.distributed.planner.constants import BATCH_SIZE
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.costmodel import NeuralCostModel, cost_model_for, kernel_size_warning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats
@@ -56,7 +56,10 @@ class NeuroShardPlanner(ShardingPlanner):
             Every planned table uses the fused kernel, the one the cost model was
             trained on: constraints whose ``compute_kernels`` exclude "fused" are an error.
         cost_model: a ``NeuralCostModel``, a path to a model file, or a shipped name;
-            default the shipped "cpu" model. Loaded on the first plan.
+            default the shipped model for the topology's compute device and this machine
+            (``costmodel.cost_model_for``: a hardware mismatch is warned about, a GPU model
+            without comm gets the alpha-beta stand-in from the topology). Loaded on the
+            first plan.
         search_config: the search's knobs (beam width, scales, ...).
         storage_reservation: share of memory kept free on every rank.
         access_hists: measured access histograms by table (``profile_batches``).
@@ -150,7 +153,11 @@ class NeuroShardPlanner(ShardingPlanner):
             tuple(t.spec for t in decided.searched), self.topology.world_size, decided.search_cap_bytes, self._global_batch()
         )
         min_width = {t.spec.name: t.min_width if t.allowed & SPLIT_KINDS else t.spec.dim for t in decided.searched}
-        result = search(task, self._cost_model(), self.search_config, min_width)
+        model = self._cost_model()
+        result = search(task, model, self.search_config, min_width)
+        crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
+        if crowded:
+            logger.warning("%s", crowded)
         host_only = {t.spec.name for t in decided.searched if ShardingKind.COLUMN_WISE not in t.allowed}
         placements = tuple(
             replace(p, kind=ShardingKind.TABLE_COLUMN_WISE) if p.table in host_only and p.kind is ShardingKind.COLUMN_WISE else p
@@ -168,12 +175,7 @@ class NeuroShardPlanner(ShardingPlanner):
         return batch * self.topology.world_size
 
     def _cost_model(self) -> NeuralCostModel:
-        model = self.cost_model
-        if model is None:
-            model = load_pretrained("cpu")
-        elif not isinstance(model, NeuralCostModel):
-            path = Path(model)
-            model = NeuralCostModel.load(path) if path.suffix == ".pt" or path.exists() else load_pretrained(str(model))
+        model = cost_model_for(self.topology, self.cost_model)
         world = self.topology.world_size
         trained = model.meta.get("world_sizes_trained", [])
         if world > 1 and trained and world not in trained:
@@ -191,12 +193,6 @@ class NeuroShardPlanner(ShardingPlanner):
             logger.info(
                 "global batch %d (per-rank %d x %d ranks) differs from the cost model's %d: predictions scaled by %.3g",
                 self._global_batch(), self._global_batch() // world, world, model.batch_size, self._global_batch() / model.batch_size,
-            )
-        hw = model.meta.get("hardware", {}).get("device")
-        if hw and hw != self.topology.compute_device:
-            logger.warning(
-                "the cost model was trained on %s but the topology is %s: pre-train one on this "
-                "hardware for accurate plans (README: pre-training for your GPUs)", hw, self.topology.compute_device,
             )
         return model
 

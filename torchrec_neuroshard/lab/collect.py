@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import platform
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from torchrec_neuroshard.hardware import cpu_cores, cpu_name
 from torchrec_neuroshard.lab.measure_comm import measure_comm
 from torchrec_neuroshard.lab.measure_compute import Lookups, measure_compute
 from torchrec_neuroshard.types import Shard, TableSpec
@@ -31,27 +31,18 @@ COMPUTE_MEMORY_CAP_BYTES = 512 * 2**20
 
 
 def hardware(device: torch.device, num_threads: int | None) -> dict:
-    """What the measurements were taken on: device, versions, threads."""
+    """What the measurements were taken on: device, its name, cores (CPU), versions, threads."""
     import fbgemm_gpu
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return {
         "device": device.type,
         "device_name": name,
+        "cores": cpu_cores() if device.type == "cpu" else None,
         "torch": torch.__version__,
         "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
         "threads": num_threads if device.type == "cpu" else None,
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # ---------------------------------------------------------------- dataset files
@@ -167,14 +158,19 @@ def collect_compute(
     warmup: int = 5,
     repeats: int = 10,
     progress: bool = True,
+    sample_indices: Sequence[int] | None = None,
     precision: str = "fp32",
     pooled: bool = True,
 ) -> int:
     """Measure compute samples ``[rows already in out, num_samples)`` and append them.
 
-    ``precision`` and ``pooled`` choose the kernel (``measure_compute.build_kernel``); every
-    row records both. Returns the number of rows in the file afterwards.
+    Row i measures sample i of ``seed``, or sample ``sample_indices[i]`` when given (a
+    chosen subset, e.g. calibration's covering order). ``precision`` and ``pooled`` choose
+    the kernel (``measure_compute.build_kernel``); every row records both. Returns the
+    number of rows in the file afterwards.
     """
+    if sample_indices is not None and len(sample_indices) < num_samples:
+        raise ValueError(f"{num_samples} samples asked for but only {len(sample_indices)} sample indices given")
     scale = scale or WorkloadScale.for_device(device)
     pool = synthetic_pool()
     bank = PoolLookups(pool, scale)
@@ -182,12 +178,13 @@ def collect_compute(
     f, start = _open_for_append(Path(out))
     with f:
         for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc="compute samples"):
-            sample = draw_compute_sample(pool, scale, seed, i, one_width=not pooled)
+            index = i if sample_indices is None else int(sample_indices[i])
+            sample = draw_compute_sample(pool, scale, seed, index, one_width=not pooled)
             shards, lookups = bank.shards(sample, PRECISION_BYTES[precision])
             m = measure_compute(shards, lookups, device, warmup, repeats, num_threads, precision, pooled)
             row = {
                 "kind": "compute",
-                "group": i,
+                "group": index,
                 "batch_size": scale.batch_size,
                 "weights_precision": precision,
                 "pooling_mode": "sum" if pooled else "none",

@@ -26,6 +26,7 @@ from torchrec_neuroshard.costmodel import (
     DEVICE_FEATURES,
     CommNet,
     ComputeNet,
+    NeuralComm,
     NeuralCostModel,
     Normalizer,
     device_features,
@@ -202,30 +203,46 @@ def _fit(
 
 
 def train_compute(
-    train: ComputeData, val: ComputeData, epochs: int, seed: int, batch: int = 64, lr: float = 1e-3, patience: int = 20, progress: bool = True
+    train: ComputeData,
+    val: ComputeData,
+    epochs: int,
+    seed: int,
+    batch: int = 64,
+    lr: float = 1e-3,
+    patience: int = 20,
+    progress: bool = True,
+    start: tuple[ComputeNet, Normalizer] | None = None,
 ) -> tuple[ComputeNet, Normalizer, dict]:
-    """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint."""
+    """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint.
+    ``start``: fine-tune a copy of that net with its normaliser instead of a fresh one."""
     torch.manual_seed(seed)
-    norm = Normalizer.fit(train.x)
-    net = ComputeNet()
+    net, norm = (copy.deepcopy(start[0]), start[1]) if start else (ComputeNet(), Normalizer.fit(train.x))
     log = _fit(
         net, lambda d: ((_compute_predict(net, norm, d) - d.y.log()) ** 2).mean(),
-        train, val, epochs, seed, batch, lr, patience, progress, "compute model",
+        train, val, epochs, seed, batch, lr, patience, progress, "compute model" if start is None else "fine-tuning compute",
     )  # fmt: skip
     return net, norm, log
 
 
 def train_comm(
-    train: CommData, val: CommData, epochs: int, seed: int, batch: int = 128, lr: float = 1e-3, patience: int = 15, progress: bool = True
+    train: CommData,
+    val: CommData,
+    epochs: int,
+    seed: int,
+    batch: int = 128,
+    lr: float = 1e-3,
+    patience: int = 15,
+    progress: bool = True,
+    start: tuple[CommNet, Normalizer] | None = None,
 ) -> tuple[CommNet, Normalizer, dict]:
     """Fit per-device (forward, backward) ms in log space (+0.1 ms, so near-zero costs do
-    not dominate); keep the best validation checkpoint."""
+    not dominate); keep the best validation checkpoint. ``start``: fine-tune a copy of that
+    net with its normaliser instead of a fresh one."""
     torch.manual_seed(seed)
-    norm = Normalizer.fit(train.x)
-    net = CommNet()
+    net, norm = (copy.deepcopy(start[0]), start[1]) if start else (CommNet(), Normalizer.fit(train.x))
     log = _fit(
         net, lambda d: ((torch.log(_comm_predict(net, norm, d) + 0.1) - torch.log(d.y + 0.1)) ** 2).mean(),
-        train, val, epochs, seed, batch, lr, patience, progress, "comm model",
+        train, val, epochs, seed, batch, lr, patience, progress, "comm model" if start is None else "fine-tuning comm",
     )  # fmt: skip
     return net, norm, log
 
@@ -262,7 +279,9 @@ def pretrain(
     exclude_world_sizes: Sequence[int] = (),
     progress: bool = True,
 ) -> NeuralCostModel:
-    """Train both models on measured rows; the model's meta holds hardware and test metrics.
+    """Train the compute model, and the comm model if ``rows`` hold comm samples, on
+    measured rows; the model's meta holds the hardware, the nets' constructor args and the
+    test metrics.
 
     ``exclude_world_sizes`` drops those world sizes from training and validation (their
     test samples are still scored: the unseen-world-size check).
@@ -271,36 +290,43 @@ def pretrain(
     cdata = load_compute_data(rows)
     tr, va, compute_test = split_by_group(cdata.group, seed)
     cnet, cnorm, clog = train_compute(cdata.subset(tr), cdata.subset(va), epochs, seed, progress=progress)
-
-    mdata = load_comm_data(rows)
-    tr, va, te = split_by_group(mdata.group, seed)
-    seen = ~np.isin(mdata.world_size, list(exclude_world_sizes))
-    if not (tr & seen).any():
-        raise ShardingError(
-            f"no comm samples left to train on after excluding world sizes {sorted(exclude_world_sizes)}"
-        )
-    mnet, mnorm, mlog = train_comm(mdata.subset(tr & seen), mdata.subset(va & seen), epochs, seed, progress=progress)
-    comm_test = {}
-    for d in sorted(set(mdata.world_size.tolist())):
-        mask = te & (mdata.world_size == d) if d not in exclude_world_sizes else (mdata.world_size == d)
-        comm_test[str(d)] = comm_metrics(mnet, mnorm, mdata.subset(mask))
-    comm_test["all_seen"] = comm_metrics(mnet, mnorm, mdata.subset(te & seen))
-
     compute_rows = list(iter_kind(rows, "compute"))
     meta = {
         "hardware": compute_rows[0]["hardware"],
-        "comm_hardware": next(iter_kind(rows, "comm"))["hardware"],
         "batch_size": compute_rows[0]["batch_size"],
-        "world_sizes_trained": sorted(set(mdata.world_size[seen].tolist())),
-        "compute_config": {},
-        "comm_config": {},
-        "train_seconds": round(time.perf_counter() - t0, 1),
+        "max_tables_per_kernel": max(len(r["shards"]) for r in compute_rows),
+        "world_sizes_trained": [],
+        "compute_config": cnet.config,
         "seed": seed,
         "compute_train": {k: v for k, v in clog.items() if k != "history"},
-        "comm_train": {k: v for k, v in mlog.items() if k != "history"},
-        "test": {"compute": compute_metrics(cnet, cnorm, cdata.subset(compute_test)), "comm": comm_test},
+        "test": {"compute": compute_metrics(cnet, cnorm, cdata.subset(compute_test))},
     }
-    return NeuralCostModel(cnet, cnorm, mnet, mnorm, meta)
+    comm = None
+    comm_rows = list(iter_kind(rows, "comm"))
+    if comm_rows:  # a compute-only model (one GPU cannot measure all-to-alls) gets its comm at planning
+        mdata = load_comm_data(comm_rows)
+        tr, va, te = split_by_group(mdata.group, seed)
+        seen = ~np.isin(mdata.world_size, list(exclude_world_sizes))
+        if not (tr & seen).any():
+            raise ShardingError(
+                f"no comm samples left to train on after excluding world sizes {sorted(exclude_world_sizes)}"
+            )
+        mnet, mnorm, mlog = train_comm(mdata.subset(tr & seen), mdata.subset(va & seen), epochs, seed, progress=progress)
+        comm_test = {}
+        for d in sorted(set(mdata.world_size.tolist())):
+            mask = te & (mdata.world_size == d) if d not in exclude_world_sizes else (mdata.world_size == d)
+            comm_test[str(d)] = comm_metrics(mnet, mnorm, mdata.subset(mask))
+        comm_test["all_seen"] = comm_metrics(mnet, mnorm, mdata.subset(te & seen))
+        comm = NeuralComm(mnet, mnorm, meta["batch_size"])
+        meta.update(
+            comm_hardware=comm_rows[0]["hardware"],
+            comm_config=mnet.config,
+            world_sizes_trained=sorted(set(mdata.world_size[seen].tolist())),
+            comm_train={k: v for k, v in mlog.items() if k != "history"},
+        )
+        meta["test"]["comm"] = comm_test
+    meta["train_seconds"] = round(time.perf_counter() - t0, 1)
+    return NeuralCostModel(cnet, cnorm, comm, meta)
 
 
 def pretrain_files(paths: Sequence[str], **kwargs) -> NeuralCostModel:

@@ -1,0 +1,100 @@
+"""Calibration: covering sample choice, fine-tuning on another machine's samples, the
+fine-tuned file planning, and `neuroshard calibrate` measuring for real (tiny)."""
+
+import logging
+from pathlib import Path
+
+import pytest
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import Topology
+
+from torchrec_neuroshard.cli import main
+from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.hardware import Hardware
+from torchrec_neuroshard.lab.calibrate import calibration_indices, covering_order, covering_rows, fine_tune
+from torchrec_neuroshard.lab.collect import iter_kind, read_rows
+from torchrec_neuroshard.lab.pretrain import compute_metrics, load_compute_data
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.planner import NeuroShardPlanner
+from torchrec_neuroshard.tables import module_for_tables
+from torchrec_neuroshard.types import ShardingError
+
+XEON = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "intel_xeon_compute.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def xeon_rows() -> list[dict]:
+    return list(iter_kind(read_rows(XEON), "compute"))
+
+
+def test_covering_order_spreads_every_prefix_over_the_strata() -> None:
+    keys = ["a"] * 6 + ["b"] * 2 + ["c"]
+    order = covering_order(keys)
+    assert sorted(order) == list(range(9))
+    assert [keys[i] for i in order[:3]] == ["a", "b", "c"] and [keys[i] for i in order[3:5]] == ["a", "b"]
+    few = calibration_indices(synthetic_pool(), WorkloadScale(), 10)
+    assert few == calibration_indices(synthetic_pool(), WorkloadScale(), 30)[:10]  # resumable: a prefix
+    assert len(set(few)) == 10
+
+
+def test_calibration_on_a_few_samples_lowers_held_out_error_on_their_hardware(xeon_rows, tmp_path) -> None:
+    base = load_pretrained("cpu")
+    calib, held_out = covering_rows(xeon_rows[:800], 60), xeon_rows[800:1100]
+    tuned = fine_tune(base, calib, epochs=15, seed=0, progress=False)
+    test = load_compute_data(held_out)
+    before = compute_metrics(base.compute_net, base.compute_norm, test)["mape_total"]
+    after = compute_metrics(tuned.compute_net, tuned.compute_norm, test)["mape_total"]
+    assert after < 0.7 * before, (before, after)
+    assert tuned.hardware == Hardware("cpu", "Intel(R) Xeon(R) Processor")
+    assert tuned.meta["calibration"]["compute_samples"] == 60
+    assert tuned.comm is base.comm  # no comm samples: the base's comm net is kept
+
+    path = tmp_path / "xeon.pt"
+    tuned.save(path)
+    task = generate_task(synthetic_pool(), 12, 2, WorkloadScale(), seed=5)
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=task.memory_cap_bytes, local_world_size=2)
+    planner = NeuroShardPlanner(topology, task.batch_size // 2, cost_model=str(path))
+    plan = planner.plan(module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])
+    assert set(next(iter(plan.plan.values()))) == {t.name for t in task.tables}
+
+
+def test_calibration_refuses_mixed_machines(xeon_rows) -> None:
+    amd = [dict(r, hardware=dict(r["hardware"], device_name="AMD EPYC")) for r in xeon_rows[:5]]
+    with pytest.raises(ShardingError, match="several machines"):
+        fine_tune(load_pretrained("cpu"), xeon_rows[:5] + amd, epochs=1, progress=False)
+    with pytest.raises(ShardingError, match="no compute samples to calibrate on"):
+        fine_tune(load_pretrained("cpu"), [], epochs=1, progress=False)
+
+
+def test_calibrate_command_measures_here_fine_tunes_and_resumes(tmp_path, capsys, caplog) -> None:
+    out, data = tmp_path / "here.pt", tmp_path / "calib"
+    args = ["calibrate", "--device", "cpu", "--epochs", "2", "--data-dir", str(data), "--out", str(out)]
+    assert main(args + ["--samples", "5"]) == 0
+    assert len(read_rows(data / "compute.jsonl")) == 5
+    assert main(args + ["--samples", "7"]) == 0  # resumes: measures the two missing samples only
+    rows = read_rows(data / "compute.jsonl")
+    assert len(rows) == 7 and len({r["group"] for r in rows}) == 7
+    printed = capsys.readouterr().out
+    assert "held-out compute fwd+bwd" in printed and "wall time" in printed
+    model = NeuralCostModel.load(out)
+    assert model.meta["calibration"]["compute_samples"] == 7
+    task = generate_task(synthetic_pool(), 6, 2, WorkloadScale(), seed=2)
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.costmodel"):
+        NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), cost_model=str(out)).plan(
+            module_for_tables(task.tables), [EmbeddingBagCollectionSharder()]
+        )
+    assert "measured on" not in caplog.text  # measured on this machine: no mismatch
+
+
+def test_comm_samples_fine_tune_a_neural_comm_or_replace_the_alpha_beta_stand_in(xeon_rows) -> None:
+    comm_rows = list(iter_kind(read_rows(XEON.with_name("intel_xeon_comm_d2.jsonl.gz")), "comm"))[:60]
+    rows = xeon_rows[:30] + comm_rows
+    tuned = fine_tune(load_pretrained("cpu"), rows, epochs=3, progress=False)
+    assert tuned.meta["world_sizes_trained"] == [2, 4, 8]  # the base's sizes, D=2 re-fitted here
+    assert tuned.meta["calibration"]["comm_holdout"]["before"] is not None
+    assert tuned.meta["comm_hardware"]["device_name"] == "Intel(R) Xeon(R) Processor"
+
+    gpu_base = load_pretrained("h200")  # compute only: its comm is the alpha-beta stand-in
+    from_scratch = fine_tune(gpu_base, rows, epochs=3, progress=False)
+    assert from_scratch.comm is not None and from_scratch.meta["world_sizes_trained"] == [2]
+    assert from_scratch.meta["calibration"]["comm_holdout"]["before"] is None

@@ -1,0 +1,165 @@
+"""Communication cost models: the interface and the alpha-beta stand-in for GPU topologies.
+
+Two implementations serve ``CommModel``: the neural one (``costmodel.NeuralComm``, trained
+on all-to-all timings measured by ``neuroshard collect comm``) and ``AlphaBetaComm`` here,
+an analytic model built from TorchRec ``Topology``'s own bandwidth fields. The alpha-beta
+model is a STAND-IN for CUDA topologies until NCCL comm samples exist (one GPU cannot
+measure an all-to-all): it prices bytes over links and a per-message latency, and knows
+nothing of NCCL's protocols, congestion or kernel overlap. Replace it with a neural comm
+model as soon as ``neuroshard collect comm`` has run on NCCL (``neuroshard calibrate
+--world-size ...`` does both).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from torchrec_neuroshard.types import ShardingError
+
+
+class CommModel(abc.ABC):
+    """Per-device pooled-embedding all-to-all cost. Units: ms. Stateless."""
+
+    @abc.abstractmethod
+    def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+        """(forward ms, backward ms) [R, D, 2] of R plans from each device's dim sum
+        ``dims`` [R, D] and forward lateness ``skews_ms`` [R, D] behind the earliest device;
+        the forward cost includes the wait for the latest device."""
+
+    @abc.abstractmethod
+    def with_batch_size(self, batch_size: int) -> "CommModel":
+        """The same model for a global batch of ``batch_size``."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """One line: what kind of comm model this is and what it was built from."""
+
+
+@dataclass(frozen=True)
+class AlphaBetaComm(CommModel):
+    """Alpha-beta (latency + bytes / bandwidth) model of the collectives of a sharded step.
+
+    Ranks ``r`` sit on hosts ``r // local_world_size``. Links run concurrently: a rank's
+    time for an exchange is ``latency_ms`` per peer message plus the larger of its
+    intra-host bytes / ``intra_host_bw`` and its inter-host bytes / ``inter_host_bw``
+    (TorchRec's convention: one NIC per GPU, so ``inter_host_bw`` is per rank). A rank is
+    bound by the larger of what it sends and what it receives.
+
+    Attributes:
+        batch_size: global batch; each rank holds ``batch_size / D`` samples.
+        intra_host_bw: bytes per ms between ranks of one host (TorchRec ``Topology.intra_host_bw``).
+        inter_host_bw: bytes per ms per rank between hosts (``Topology.inter_host_bw``).
+        local_world_size: ranks per host (``Topology.local_world_size``).
+        latency_ms: per-message latency (alpha). TorchRec's Topology has no such field, so
+            the default is 0 (pure bandwidth, as TorchRec's own estimator); set one to price
+            small messages.
+        bytes_per_element: bytes of one pooled-embedding element (4: fp32).
+    """
+
+    batch_size: int
+    intra_host_bw: float
+    inter_host_bw: float
+    local_world_size: int
+    latency_ms: float = 0.0
+    bytes_per_element: int = 4
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ShardingError(f"AlphaBetaComm: batch_size must be >= 1, got {self.batch_size}")
+        for name in ("intra_host_bw", "inter_host_bw"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ShardingError(f"AlphaBetaComm: {name} must be a positive number of bytes/ms, got {v}")
+        if self.local_world_size < 1:
+            raise ShardingError(f"AlphaBetaComm: local_world_size must be >= 1, got {self.local_world_size}")
+        if self.latency_ms < 0:
+            raise ShardingError(f"AlphaBetaComm: latency_ms must be >= 0, got {self.latency_ms}")
+        if self.bytes_per_element < 1:
+            raise ShardingError(f"AlphaBetaComm: bytes_per_element must be >= 1, got {self.bytes_per_element}")
+
+    @staticmethod
+    def from_topology(topology: object, batch_size: int, latency_ms: float = 0.0) -> "AlphaBetaComm":
+        """From a TorchRec ``Topology`` (bandwidths in bytes/ms, ranks per host)."""
+        return AlphaBetaComm(
+            batch_size=batch_size,
+            intra_host_bw=float(topology.intra_host_bw),
+            inter_host_bw=float(topology.inter_host_bw),
+            local_world_size=int(topology.local_world_size),
+            latency_ms=latency_ms,
+        )
+
+    def with_batch_size(self, batch_size: int) -> "AlphaBetaComm":
+        return self if batch_size == self.batch_size else replace(self, batch_size=batch_size)
+
+    def describe(self) -> str:
+        return (
+            f"alpha-beta stand-in (intra-host {self.intra_host_bw * 1e3 / 2**30:.1f} GiB/s, "
+            f"inter-host {self.inter_host_bw * 1e3 / 2**30:.1f} GiB/s per rank, "
+            f"{self.local_world_size} ranks/host, latency {self.latency_ms} ms)"
+        )
+
+    def _bw(self, world_size: int) -> float:
+        """The slowest link a ring over ``world_size`` ranks crosses."""
+        return self.intra_host_bw if world_size <= self.local_world_size else self.inter_host_bw
+
+    def _exchange_ms(self, sent_intra, recv_intra, sent_inter, recv_inter, world_size: int) -> np.ndarray:
+        transfer = np.maximum(
+            np.maximum(sent_intra, recv_intra) / self.intra_host_bw,
+            np.maximum(sent_inter, recv_inter) / self.inter_host_bw,
+        )
+        return transfer + self.latency_ms * (world_size - 1)
+
+    def _hosts(self, world_size: int) -> np.ndarray:
+        return np.arange(world_size) // self.local_world_size
+
+    def all_to_all_ms(self, send_bytes: np.ndarray) -> np.ndarray:
+        """Per-rank ms [..., D] of an all-to-all where rank i sends ``send_bytes[..., i, j]``
+        bytes to rank j (the diagonal stays local and is ignored)."""
+        b = np.asarray(send_bytes, dtype=np.float64)
+        n = b.shape[-1]
+        host = self._hosts(n)
+        same = host[:, None] == host[None, :]
+        intra, inter = same & ~np.eye(n, dtype=bool), ~same
+        return self._exchange_ms(
+            (b * intra).sum(-1), (b * intra).sum(-2), (b * inter).sum(-1), (b * inter).sum(-2), n
+        )
+
+    def all_reduce_ms(self, nbytes: float, world_size: int) -> float:
+        """Ring all-reduce of ``nbytes`` on every rank: 2 (D-1) steps of nbytes / D."""
+        if world_size == 1:
+            return 0.0
+        steps = 2 * (world_size - 1)
+        return steps * (self.latency_ms + nbytes / world_size / self._bw(world_size))
+
+    def reduce_scatter_ms(self, nbytes: float, world_size: int) -> float:
+        """Ring reduce-scatter of ``nbytes`` on every rank (each keeps nbytes / D): D-1 steps."""
+        if world_size == 1:
+            return 0.0
+        steps = world_size - 1
+        return steps * (self.latency_ms + nbytes / world_size / self._bw(world_size))
+
+    def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+        dims = np.asarray(dims, dtype=np.float64)
+        r, n = dims.shape
+        if n == 1:
+            return np.zeros((r, 1, 2), dtype=np.float32)
+        # Forward: rank i sends its pooled columns for rank j's B / D samples to every j.
+        # Backward moves the same gradients the other way: per rank, sent and received swap,
+        # and the cost (the larger of the two per link) is the same.
+        per_peer = dims * (self.batch_size / n) * self.bytes_per_element  # [R, D]
+        # the same as all_to_all_ms of every rank sending per_peer[i] to each peer, in O(R D)
+        host = self._hosts(n)
+        on_host = (host[:, None] == host[None, :]).astype(np.float64)  # [D, D]
+        host_size = on_host.sum(1)
+        host_sum = per_peer @ on_host  # [R, D]: what rank i's host mates (and i) send to each peer
+        cost = self._exchange_ms(
+            per_peer * (host_size - 1), host_sum - per_peer,
+            per_peer * (n - host_size), per_peer.sum(1, keepdims=True) - host_sum, n,
+        )  # fmt: skip
+        skews = np.asarray(skews_ms, dtype=np.float64)
+        wait = skews.max(1, keepdims=True) - skews
+        return np.stack([cost + wait, cost], axis=2).astype(np.float32)
