@@ -81,12 +81,14 @@ class Clock:
         return time.perf_counter()
 
     def elapsed_ms(self, start: object) -> float:
+        return self.between_ms(start, self.start())
+
+    def between_ms(self, start: object, end: object) -> float:
+        """ms from one mark (a ``start()`` value) to a later one; waits for the GPU."""
         if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
+            end.synchronize()  # type: ignore[attr-defined]
             return float(start.elapsed_time(end))  # type: ignore[attr-defined]
-        return (time.perf_counter() - start) * 1e3  # type: ignore[operator]
+        return (end - start) * 1e3  # type: ignore[operator]
 
 
 def build_kernel(shards: Sequence[Shard], device: torch.device) -> SplitTableBatchedEmbeddingBagsCodegen:
