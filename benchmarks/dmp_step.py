@@ -253,6 +253,7 @@ def _worker(rank: int, world: int, planned: PlannedTask, bags: list[list[Lookups
     from torchrec.optim.keyed import KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+    logging.getLogger().setLevel(logging.ERROR)  # TorchRec's per-table notices, per rank and plan
     device = default_device(rank)
     task = planned.task
     runs, out = {}, {}

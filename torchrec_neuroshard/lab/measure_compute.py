@@ -17,10 +17,11 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
+    DenseTableBatchedEmbeddingBagsCodegen,
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
-from torchrec_neuroshard.types import Shard
+from torchrec_neuroshard.types import Shard, TableSpec
 
 Lookups = tuple[torch.Tensor, torch.Tensor]
 """One table's bags for one batch: (indices int64 [N], offsets int64 [B + 1])."""
@@ -150,6 +151,51 @@ def measure_compute(
             f = clock.elapsed_ms(t0)
             t1 = clock.start()
             out.backward(grad)
+            b = clock.elapsed_ms(t1)
+            if i >= warmup:
+                fwd.append(f)
+                bwd.append(b)
+        del kernel
+    return ComputeMeasurement(Timing.of(fwd), Timing.of(bwd))
+
+
+def measure_replicated_compute(
+    tables: Sequence[TableSpec],
+    lookups: Mapping[str, Lookups],
+    device: torch.device,
+    warmup: int = 5,
+    repeats: int = 10,
+    num_threads: int | None = 1,
+    learning_rate: float = 0.01,
+) -> ComputeMeasurement:
+    """Time data-parallel tables as DMP runs them: FBGEMM's dense (non-fused) TBE, the
+    kernel of TorchRec's data_parallel sharding, forward, then backward to a dense
+    gradient plus the SGD update of the whole table the dense optimizer does.
+
+    Args:
+        lookups: each table's bags at the local batch (a replica sees its rank's samples).
+    """
+    if not tables:
+        zero = Timing(0.0, 0.0, (0.0,))
+        return ComputeMeasurement(zero, zero)
+    with cpu_threads(num_threads if device.type == "cpu" else None):
+        kernel = DenseTableBatchedEmbeddingBagsCodegen(
+            [(t.rows, t.dim) for t in tables], use_cpu=device.type == "cpu"
+        ).to(device)
+        indices, offsets = concat_lookups([lookups[t.name] for t in tables], device)
+        grad = torch.ones((offsets.numel() - 1) // len(tables), sum(t.dim for t in tables), device=device)
+        clock = Clock(device)
+        fwd, bwd = [], []
+        for i in range(warmup + repeats):
+            t0 = clock.start()
+            out = kernel(indices, offsets)
+            f = clock.elapsed_ms(t0)
+            t1 = clock.start()
+            out.backward(grad)
+            with torch.no_grad():
+                for p in kernel.parameters():
+                    p.add_(p.grad, alpha=-learning_rate)
+                    p.grad = None
             b = clock.elapsed_ms(t1)
             if i >= warmup:
                 fwd.append(f)
