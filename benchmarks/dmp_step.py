@@ -28,6 +28,9 @@ Reported per plan (JSON lines + a markdown table under benchmarks/results/):
   ``loss.backward()`` (gradient all-to-all, fused backward + update, and the wait for the
   dense/data-parallel gradient all-reduce DDP overlaps with it). Dense forward, loss,
   dense backward and the dense SGD step are the rest.
+- CPU time: per step, the largest process CPU time of a rank (its gloo threads included),
+  a measure of the busiest rank's work that other processes on a shared machine do not
+  inflate (CPU runs only; the wall step time is the one that counts).
 
 On a 2-core machine run 2 ranks: more ranks than cores measures contention, not the plan.
 """
@@ -40,6 +43,7 @@ import json
 import logging
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -245,8 +249,8 @@ def _local_batch(task: Task, config: StepConfig, bags: list[Lookups], rank: int,
 
 def _worker(rank: int, world: int, planned: PlannedTask, bags: list[list[Lookups]], config: StepConfig) -> dict:
     """Rank body: shard every plan's model with DMP, then interleaved training steps.
-    Returns per plan the per-step (step ms, sharded forward ms, sharded backward ms), or
-    the error DMP raised."""
+    Returns per plan the per-step (step ms, sharded forward ms, sharded backward ms, CPU ms
+    of the process, its communication threads included), or the error DMP raised."""
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardedModule
@@ -287,17 +291,17 @@ def _worker(rank: int, world: int, planned: PlannedTask, bags: list[list[Lookups
             dist.barrier()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            t0 = clock.start()
+            t0, cpu0 = clock.start(), time.process_time()
             loss = dmp(kjts, labels)
             loss.backward()
             t_bwd = clock.start()
             dense.step()
             dense.zero_grad()
-            t_end = clock.start()
+            t_end, cpu = clock.start(), (time.process_time() - cpu0) * 1e3
             fwd_mark, bwd_mark = model.marks
             if step >= config.warmup:
                 out[name]["steps"].append(
-                    (clock.between_ms(t0, t_end), clock.between_ms(t0, fwd_mark), clock.between_ms(bwd_mark, t_bwd))
+                    (clock.between_ms(t0, t_end), clock.between_ms(t0, fwd_mark), clock.between_ms(bwd_mark, t_bwd), cpu)
                 )
     runs.clear()
     dist.barrier()
@@ -314,15 +318,20 @@ class StepResult:
     """median over steps of the slowest rank's time in the sharded embeddings."""
     embedding_share: float
     """median over steps of that time over the step time."""
+    cpu: Timing
+    """per step, the largest CPU time of a rank's process (ms): the work of the busiest
+    rank, blind to time the OS gave other processes (meaningless on a GPU)."""
 
     @staticmethod
-    def of(per_rank: Sequence[Sequence[tuple[float, float, float]]]) -> "StepResult":
-        slowest = [max(steps, key=lambda s: s[0]) for steps in zip(*per_rank)]
-        emb = [f + b for _, f, b in slowest]
+    def of(per_rank: Sequence[Sequence[tuple[float, float, float, float]]]) -> "StepResult":
+        steps = list(zip(*per_rank))
+        slowest = [max(s, key=lambda r: r[0]) for s in steps]
+        emb = [f + b for _, f, b, _ in slowest]
         return StepResult(
-            Timing.of([s for s, _, _ in slowest]),
+            Timing.of([s[0] for s in slowest]),
             statistics.median(emb),
-            statistics.median(e / s for e, (s, _, _) in zip(emb, slowest)),
+            statistics.median(e / s[0] for e, s in zip(emb, slowest)),
+            Timing.of([max(r[3] for r in s) for s in steps]),
         )
 
 
@@ -359,6 +368,8 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
                 step_iqr_ms=m.step.iqr_ms,
                 embedding_ms=m.embedding_ms,
                 embedding_share=m.embedding_share,
+                step_cpu_ms=m.cpu.median_ms,
+                step_cpu_iqr_ms=m.cpu.iqr_ms,
             )
         rows.append(row)
     return rows
