@@ -105,13 +105,13 @@ def run(
     for i, task in enumerate(tqdm(tasks, desc="tasks", disable=not progress)):
         if i in done:
             continue
-        m = model.with_batch_size(task.batch_size)
+
         plans, rows = {}, []
         for name in _with_fallbacks(planners, rows):
             t0 = time.perf_counter()
             row = {"task": i, "tables": len(task.tables), "devices": task.num_devices, "planner": name}
             try:
-                plan = plan_task(name, task, m)
+                plan = plan_task(name, task, model)
                 row["planning_s"] = time.perf_counter() - t0
                 plan.validate(task)
                 plans[name] = plan

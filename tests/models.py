@@ -9,6 +9,18 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
+def row_wise_cpu_sharder(**kwargs):
+    """TorchRec's EBC sharder, offering on CPU the row splits it offers on CUDA (DMP runs
+    them over gloo; the stock sharder offers them on CUDA only)."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    class RowWiseCpuSharder(EmbeddingBagCollectionSharder):
+        def sharding_types(self, compute_device_type: str) -> list[str]:
+            return super().sharding_types("cuda")
+
+    return RowWiseCpuSharder(**kwargs)
+
+
 class SparseArch(nn.Module):
     def __init__(self, tables: list[EmbeddingBagConfig]) -> None:
         super().__init__()
@@ -152,20 +164,20 @@ def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_es
     model = two_tower()
     topology = Topology(world_size=world_size, compute_device="cpu", ddr_cap=64 * 2**20, local_world_size=world_size)
     cons = {k: ParameterConstraints(**v) for k, v in constraints.items()}
-    sharders = [EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.1})]
+    sharders = [row_wise_cpu_sharder(fused_params={"learning_rate": 0.1})]
     if use_estimator:
         enumerator = EmbeddingEnumerator(
             topology=topology,
-            batch_size=8 * world_size,
+            batch_size=8,
             constraints=cons,
             estimator=[NeuralPerfEstimator(topology, cons), EmbeddingStorageEstimator(topology, cons)],
         )
         planner = EmbeddingShardingPlanner(
-            topology=topology, batch_size=8 * world_size, constraints=cons, enumerator=enumerator,
+            topology=topology, batch_size=8, constraints=cons, enumerator=enumerator,
             performance_model=NeuralPerfModel(topology),
         )
     else:
-        planner = NeuroShardPlanner(topology, batch_size=8 * world_size, constraints=cons)
+        planner = NeuroShardPlanner(topology, batch_size=8, constraints=cons)
     plan = planner.collective_plan(model, sharders)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     copy_into_sharded(dmp, reference)
@@ -188,7 +200,7 @@ def shard_with_helper(rank: int, world_size: int) -> list[str]:
     """Worker: ``shard_model`` with its default NeuroShardPlanner; one forward/backward."""
     from torchrec_neuroshard.planner import shard_model
 
-    dmp = shard_model(two_tower(), batch_size=8 * world_size)
+    dmp = shard_model(two_tower(), batch_size=8)
     kjt = random_kjt_slice(random_kjt(two_tower(), batch=8 * world_size, seed=3), rank, world_size)
     out = dmp(kjt)
     out = out.wait() if hasattr(out, "wait") else out

@@ -7,7 +7,7 @@ import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints, Topology
 
-from tests.models import plan_shard_and_compare, two_tower
+from tests.models import plan_shard_and_compare, row_wise_cpu_sharder, two_tower
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
@@ -15,6 +15,7 @@ from torchrec_neuroshard.types import ShardingError
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 SHARDERS = [EmbeddingBagCollectionSharder()]
+ROW_WISE_SHARDERS = [row_wise_cpu_sharder()]
 
 
 def topology(world: int = 2, ddr: int = 64 * 2**20) -> Topology:
@@ -81,7 +82,7 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
     # big is 1000 x 16 x 4 = 64,000 bytes; each rank has 40,000
     planner = NeuroShardPlanner(topology(2, 40_000), storage_reservation=0.0)
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
-        plan = planner.plan(model(), SHARDERS)
+        plan = planner.plan(model(), ROW_WISE_SHARDERS)
     assert plan.plan[""]["big"].sharding_type == "row_wise"
     assert plan.plan[""]["small"].sharding_type in ("table_wise", "column_wise")
     assert "big: larger than one rank's memory (64,000 > 40,000 bytes): row_wise" in caplog.text
@@ -90,7 +91,10 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
         constraints={"big": ParameterConstraints(sharding_types=["table_wise"])},
     )
     with pytest.raises(ShardingError, match=r"table 'big' \(64,000 bytes\) is larger than one rank's memory.*allow only \['table_wise'\]"):
-        strict.plan(model(), SHARDERS)
+        strict.plan(model(), ROW_WISE_SHARDERS)
+    # TorchRec's stock EBC sharder offers no row splits on CPU: then too big is an error
+    with pytest.raises(ShardingError, match=r"table 'big' \(64,000 bytes\) is larger than one rank's memory"):
+        planner.plan(model(), SHARDERS)
 
 
 def test_bad_inputs_are_clear_errors(tmp_path) -> None:
@@ -105,12 +109,12 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
     odd = NeuroShardPlanner(topology(), constraints={"a0": ParameterConstraints(min_partition=6)})
     with pytest.raises(ShardingError, match="table 'a0': min_partition 6 must be a positive multiple of 4"):
         odd.plan(two_tower(), SHARDERS)
-    with pytest.raises(ShardingError, match="does not fit even row-wise over 2 ranks"):
-        NeuroShardPlanner(topology(2, 100), storage_reservation=0.0).plan(two_tower(), SHARDERS)
+    with pytest.raises(ShardingError, match="does not fit even row_wise over 2 ranks"):
+        NeuroShardPlanner(topology(2, 100), storage_reservation=0.0).plan(two_tower(), ROW_WISE_SHARDERS)
     corrupt = tmp_path / "model.pt"
     corrupt.write_bytes(b"\x00" * 64)
     with pytest.raises(ShardingError, match="model.pt: not a readable torchrec-neuroshard cost model"):
-        NeuroShardPlanner(topology(), cost_model=corrupt)
+        NeuroShardPlanner(topology(), cost_model=corrupt).plan(two_tower(), SHARDERS)  # loaded on first plan
     with pytest.raises(ShardingError, match="world size 64 is far beyond"):
         NeuroShardPlanner(topology(64)).plan(two_tower(), SHARDERS)
 
@@ -118,13 +122,13 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
 def test_batch_size_other_than_the_models_is_scaled_and_logged(caplog) -> None:
     task = generate_task(synthetic_pool(), 10, 2, WorkloadScale(), seed=4)
     module = module_for_tables(task.tables)
-    small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=1024)
+    small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=512)
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         small.plan(module, SHARDERS)
-    assert "batch size 1024 differs from the cost model's 4096: predictions scaled by 0.25" in caplog.text
-    big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2))
+    assert "global batch 1024 (per-rank 512 x 2 ranks) differs from the cost model's 4096: predictions scaled by 0.25" in caplog.text
+    big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=2048)
     big.plan(module, SHARDERS)
-    assert small.last_result.predicted_cost_ms == pytest.approx(0.25 * big.last_result.predicted_cost_ms, rel=0.2)
+    assert small.search_result_.predicted_cost_ms == pytest.approx(0.25 * big.search_result_.predicted_cost_ms, rel=0.2)
 
 
 def test_shard_model_helper_returns_a_working_dmp() -> None:

@@ -58,7 +58,6 @@ def _plan(args: argparse.Namespace) -> None:
 
     task = Task.load(args.task)
     model = NeuralCostModel.load(args.model) if args.model else load_pretrained()
-    model = model.with_batch_size(task.batch_size)
     if args.planner == "neuroshard":
         result = search(task, model)
         plan, devices, note = result.plan, result.devices, f"searched in {result.seconds:.2f} s"

@@ -314,7 +314,8 @@ def _best_of(task: Task, model: CostModel, plans: Sequence[Plan]) -> Plan:
 
 
 def predicted_breakdown(model: CostModel, task: Task, plan: Plan) -> tuple[float, tuple[DeviceCost, ...]]:
-    """Predicted embedding cost (ms) of a plan and its per-device breakdown."""
+    """Predicted embedding cost (ms) of a plan and its per-device breakdown, at the task's batch."""
+    model = model.with_batch_size(task.batch_size)
     compute = np.asarray(model.compute_cost(plan.device_shards(task.tables)))
     comm, total = model.embedding_cost(compute[None, :, 0], compute[None, :, 1], np.asarray([plan.device_dims()], dtype=np.float64))
     devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb)) for (f, b), (cf, cb) in zip(compute, comm[0]))
@@ -327,7 +328,8 @@ def search(
     config: SearchConfig = SearchConfig(),
     min_width: Mapping[str, int] | None = None,
 ) -> SearchResult:
-    """Find a low-cost plan for ``task`` under ``model``'s predictions.
+    """Find a low-cost plan for ``task`` under ``model``'s predictions, scaled to the
+    task's batch.
 
     Args:
         min_width: per table, the narrowest shard allowed (e.g. TorchRec's min_partition);
@@ -339,7 +341,7 @@ def search(
     # The search's matrices are small: one BLAS thread is faster than several, and
     # far faster when the other cores are busy.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _search(task, model, config, min_width)
+        return _search(task, model.with_batch_size(task.batch_size), config, min_width)
 
 
 def _search(task: Task, model: CostModel, config: SearchConfig, min_width: Mapping[str, int] | None) -> SearchResult:

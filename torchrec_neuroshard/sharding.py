@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch import nn
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
-from torchrec.distributed.types import (
-    EmbeddingModuleShardingPlan,
-    ParameterSharding,
-    ShardingPlan,
-    ShardingType,
-)
+from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-from torchrec_neuroshard.tables import find_embedding_bag_collections
-from torchrec_neuroshard.types import Plan, ShardingError, TablePlacement, WIDTH_ALIGNMENT
+from torchrec_neuroshard.tables import ModuleTable, module_tables
+from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement, WIDTH_ALIGNMENT
 
 FUSED = "fused"
+"""The kernel every sharded table uses: FBGEMM's fused TBE, the one the cost model learned."""
+DENSE = "dense"
+"""The kernel DMP gives data-parallel tables."""
 
 
 def _placement(device_type: str, rank: int, local_size: int) -> str:
@@ -25,112 +25,77 @@ def _placement(device_type: str, rank: int, local_size: int) -> str:
 
 def to_torchrec(
     plan: Plan,
-    module: nn.Module,
+    module: nn.Module | Sequence[ModuleTable],
     device_type: str = "cpu",
     local_size: int | None = None,
-    decided: dict[str, ParameterSharding] | None = None,
 ) -> ShardingPlan:
-    """TorchRec ``ShardingPlan`` for every EmbeddingBagCollection in ``module``.
+    """TorchRec ``ShardingPlan`` for every EmbeddingBagCollection in ``module``: the only
+    place that builds TorchRec sharding objects.
 
-    A one-shard table becomes table_wise/fused on its device; a split table becomes
-    column_wise/fused with an explicit ``EnumerableShardingSpec`` placing each width (in
-    column order) on its device, so uneven widths and two shards on one rank both work.
+    Column kinds get an explicit ``EnumerableShardingSpec`` placing each width (in column
+    order) on its device, so uneven widths and two shards on one rank both work; row kinds
+    one block of rows per device; data-parallel tables the dense kernel, replicated.
 
     Args:
+        module: the model, or its tables as ``module_tables`` read them.
         device_type: "cpu" (gloo) or "cuda" (NCCL).
-        local_size: ranks per host, for cuda device indices; default all ranks on one host.
-        decided: ParameterShardings decided elsewhere (e.g. row_wise fallbacks), by table.
+        local_size: ranks per host (cuda device indices, the host of table_row_wise and
+            table_column_wise); default all ranks on one host.
     """
     local_size = local_size or plan.num_devices
-    decided = decided or {}
+    tables = module_tables(module, batch_size=1) if isinstance(module, nn.Module) else module
     placements = {p.table: p for p in plan.placements}
-    known = set(placements) | set(plan.data_parallel) | set(decided)
     module_plans: dict[str, EmbeddingModuleShardingPlan] = {}
     seen: set[str] = set()
-    for path, ebc in find_embedding_bag_collections(module).items():
-        module_plan = EmbeddingModuleShardingPlan()
-        for config in ebc.embedding_bag_configs():
-            name = config.name
-            seen.add(name)
-            if name not in known:
-                raise ShardingError(
-                    f"table {name!r} (EBC at {path!r}) is not in the plan; plan it with the "
-                    "same module you shard"
-                )
-            if name in decided:
-                module_plan[name] = decided[name]
-                continue
-            if name in plan.data_parallel:
-                module_plan[name] = ParameterSharding(
-                    sharding_type=ShardingType.DATA_PARALLEL.value,
-                    compute_kernel="dense",
-                    ranks=None,
-                    sharding_spec=None,
-                )
-                continue
-            p = placements[name]
-            if sum(p.widths) != config.embedding_dim:
-                raise ShardingError(
-                    f"table {name!r}: plan widths {list(p.widths)} sum to {sum(p.widths)}, "
-                    f"but the module's table has dim {config.embedding_dim}"
-                )
-            bad = [w for w in p.widths if w % WIDTH_ALIGNMENT]
-            if bad:
-                raise ShardingError(
-                    f"table {name!r}: shard widths {bad} are not multiples of {WIDTH_ALIGNMENT}"
-                )
-            offsets = [sum(p.widths[:i]) for i in range(len(p.widths))]
-            spec = EnumerableShardingSpec(
-                [
-                    ShardMetadata(
-                        shard_offsets=[0, off],
-                        shard_sizes=[config.num_embeddings, w],
-                        placement=_placement(device_type, d, local_size),
-                    )
-                    for off, w, d in zip(offsets, p.widths, p.devices)
-                ]
+    for t in tables:
+        name = t.spec.name
+        if name not in placements:
+            raise ShardingError(
+                f"table {name!r} (EBC at {t.path!r}) is not in the plan; plan it with the same module you shard"
             )
-            sharding_type = (
-                ShardingType.TABLE_WISE.value
-                if len(p.widths) == 1
-                else ShardingType.COLUMN_WISE.value
-            )
-            module_plan[name] = ParameterSharding(
-                sharding_type=sharding_type,
-                compute_kernel=FUSED,
-                ranks=list(p.devices),
-                sharding_spec=spec,
-            )
-        module_plans[path] = module_plan
-    extra = sorted(known - seen)
+        seen.add(name)
+        module_plan = module_plans.setdefault(t.path, EmbeddingModuleShardingPlan())
+        module_plan[name] = _parameter_sharding(placements[name], t.spec.rows, t.spec.dim, device_type, local_size)
+    extra = sorted(set(placements) - seen)
     if extra:
         raise ShardingError(f"the plan names tables the module does not have: {extra}")
     return ShardingPlan(plan=module_plans)
 
 
-def row_wise_sharding(
-    rows: int, dim: int, world_size: int, device_type: str = "cpu", local_size: int | None = None
-) -> ParameterSharding:
-    """row_wise/fused: contiguous blocks of ceil(rows / world_size) rows, block r on rank r."""
-    local_size = local_size or world_size
-    block = -(-rows // world_size)
-    shards = []
-    for r in range(world_size):
-        start = min(rows, r * block)
-        size = min(block, rows - start)
-        shards.append(
-            ShardMetadata(
-                shard_offsets=[start, 0],
-                shard_sizes=[size, dim],
-                placement=_placement(device_type, r, local_size),
-            )
+def _parameter_sharding(p: TablePlacement, rows: int, dim: int, device_type: str, local_size: int) -> ParameterSharding:
+    if p.kind is ShardingKind.DATA_PARALLEL:
+        return ParameterSharding(
+            sharding_type=p.kind.value, compute_kernel=DENSE, ranks=None, sharding_spec=None
         )
-    return ParameterSharding(
-        sharding_type=ShardingType.ROW_WISE.value,
-        compute_kernel=FUSED,
-        ranks=list(range(world_size)),
-        sharding_spec=EnumerableShardingSpec(shards),
+    if p.kind.within_host and len({d // local_size for d in p.devices}) > 1:
+        raise ShardingError(
+            f"table {p.table!r}: {p.kind.value} keeps a table on one host, but its devices "
+            f"{list(p.devices)} span hosts of {local_size} ranks"
+        )
+    if p.kind.splits_columns:
+        if sum(p.widths) != dim:
+            raise ShardingError(
+                f"table {p.table!r}: plan widths {list(p.widths)} sum to {sum(p.widths)}, "
+                f"but the module's table has dim {dim}"
+            )
+        bad = [w for w in p.widths if w % WIDTH_ALIGNMENT]
+        if bad:
+            raise ShardingError(f"table {p.table!r}: shard widths {bad} are not multiples of {WIDTH_ALIGNMENT}")
+        boxes = [([0, sum(p.widths[:i])], [rows, w]) for i, w in enumerate(p.widths)]
+    else:
+        if sum(p.rows) != rows:
+            raise ShardingError(
+                f"table {p.table!r}: row blocks {list(p.rows)} sum to {sum(p.rows)}, "
+                f"but the module's table has {rows} rows"
+            )
+        boxes = [([sum(p.rows[:i]), 0], [r, dim]) for i, r in enumerate(p.rows)]
+    spec = EnumerableShardingSpec(
+        [
+            ShardMetadata(shard_offsets=offsets, shard_sizes=sizes, placement=_placement(device_type, d, local_size))
+            for (offsets, sizes), d in zip(boxes, p.devices)
+        ]
     )
+    return ParameterSharding(sharding_type=p.kind.value, compute_kernel=FUSED, ranks=list(p.devices), sharding_spec=spec)
 
 
 def _rank_of(placement: object) -> int:
@@ -143,36 +108,32 @@ def _rank_of(placement: object) -> int:
 
 
 def from_torchrec(sharding_plan: ShardingPlan, num_devices: int) -> Plan:
-    """Our ``Plan`` from a TorchRec plan of table_wise / column_wise / table_column_wise /
-    data_parallel tables, so TorchRec's own plans are measured by the same code.
+    """Our ``Plan`` from a TorchRec plan: the only place that reads TorchRec sharding
+    objects, so TorchRec's own plans are measured by the same code as ours.
 
-    Raises ``ShardingError`` for sharding types with row splits (row_wise, table_row_wise,
-    grid_shard): their cost is not a column split's.
+    Raises ``ShardingError`` for kinds a ``Plan`` does not record (grid_shard).
     """
     placements: list[TablePlacement] = []
-    data_parallel: list[str] = []
     for path, module_plan in sharding_plan.plan.items():
         for name, ps in module_plan.items():
-            if ps.sharding_type == ShardingType.DATA_PARALLEL.value:
-                data_parallel.append(name)
-                continue
-            if ps.sharding_type not in (
-                ShardingType.TABLE_WISE.value,
-                ShardingType.COLUMN_WISE.value,
-                ShardingType.TABLE_COLUMN_WISE.value,
-            ):
+            try:
+                kind = ShardingKind(ps.sharding_type)
+            except ValueError:
                 raise ShardingError(
-                    f"table {name!r} (module {path!r}) is sharded {ps.sharding_type}; only "
-                    "table_wise, column_wise, table_column_wise and data_parallel convert"
-                )
-            shards = sorted(ps.sharding_spec.shards, key=lambda s: s.shard_offsets[1])
-            if any(s.shard_offsets[0] != 0 for s in shards):
-                raise ShardingError(f"table {name!r}: a column shard does not start at row 0")
-            placements.append(
-                TablePlacement(
-                    table=name,
-                    widths=tuple(int(s.shard_sizes[1]) for s in shards),
-                    devices=tuple(_rank_of(s.placement) for s in shards),
-                )
-            )
-    return Plan(tuple(placements), num_devices, tuple(data_parallel))
+                    f"table {name!r} (module {path!r}) is sharded {ps.sharding_type}; known kinds: "
+                    f"{[k.value for k in ShardingKind]}"
+                ) from None
+            if kind is ShardingKind.DATA_PARALLEL:
+                placements.append(TablePlacement.data_parallel(name))
+                continue
+            axis = 1 if kind.splits_columns else 0
+            shards = sorted(ps.sharding_spec.shards, key=lambda s: s.shard_offsets[axis])
+            if any(s.shard_offsets[1 - axis] != 0 for s in shards):
+                raise ShardingError(f"table {name!r}: a {kind.value} shard does not start at offset 0 of its full axis")
+            sizes = tuple(int(s.shard_sizes[axis]) for s in shards)
+            devices = tuple(_rank_of(s.placement) for s in shards)
+            if kind.splits_columns:
+                placements.append(TablePlacement(name, sizes, devices, kind))
+            else:
+                placements.append(TablePlacement(name, devices=devices, kind=kind, rows=sizes))
+    return Plan(tuple(placements), num_devices)

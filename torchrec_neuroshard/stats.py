@@ -21,6 +21,8 @@ def format_plan_stats(
     for p in plan.placements:
         for w, d in zip(p.widths, p.devices):
             shards[d].append(f"{p.table}[{w}]" if len(p.widths) > 1 else p.table)
+        for r, d in zip(p.rows, p.devices):
+            shards[d].append(f"{p.table}[{r} rows]")
     bottleneck = max(range(len(devices)), key=lambda d: devices[d].total) if devices else -1
     lines = [
         f"{title}: predicted embedding cost {max((d.total for d in devices), default=0.0):.2f} ms "

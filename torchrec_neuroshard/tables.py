@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -12,12 +13,28 @@ import torch
 from torch import nn
 
 from torchrec_neuroshard.access import access_histogram, uniform_access_histogram
-from torchrec_neuroshard.types import NUM_ACCESS_BINS, ShardingError, TableSpec
+from torchrec_neuroshard.types import NUM_ACCESS_BINS, WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableSpec
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POOLING_FACTOR = 1.0
 """Pooling factor assumed when neither constraints nor data give one (TorchRec's default)."""
+
+
+@dataclass(frozen=True)
+class ModuleTable:
+    """One table as the model holds it: the path of the module that owns it, its
+    ``TableSpec``, the sharding kinds its constraints and sharders allow, and the
+    narrowest column shard it may be cut into."""
+
+    path: str
+    spec: TableSpec
+    allowed: frozenset[ShardingKind]
+    min_width: int
+
+    def __post_init__(self) -> None:
+        if not self.allowed:
+            raise ShardingError(f"table {self.spec.name!r} (module {self.path!r}): no sharding kind is allowed")
 
 
 def find_embedding_bag_collections(module: nn.Module) -> dict[str, nn.Module]:
@@ -33,24 +50,30 @@ def find_embedding_bag_collections(module: nn.Module) -> dict[str, nn.Module]:
     return found
 
 
-def tables_from_module(
+def module_tables(
     module: nn.Module,
     batch_size: int,
-    pooling_factors: Mapping[str, float] | None = None,
+    constraints: Mapping[str, "ParameterConstraints"] | None = None,  # noqa: F821
     access_hists: Mapping[str, tuple[float, ...]] | None = None,
-) -> list[TableSpec]:
-    """``TableSpec`` for every table of every EBC in ``module`` (nested, several, any path).
+    sharder_kinds: Iterable[str] | None = None,
+) -> tuple[ModuleTable, ...]:
+    """One walk of ``module``: every table of every EBC (nested, several, any path) with
+    its constraints read and checked, in module order.
 
     Args:
-        batch_size: global batch size, used for the default access histogram.
-        pooling_factors: mean lookups per bag by table name (e.g. summed from TorchRec's
-            ``ParameterConstraints.pooling_factors``); default ``DEFAULT_POOLING_FACTOR``.
-        access_hists: measured histograms by table name (see ``profile_batches``); default
-            the uniform-access histogram for the table's rows and lookups.
+        batch_size: the GLOBAL batch (per-rank batch x world size): a table-wise shard's
+            kernel sees all of it; used for the default access histogram.
+        constraints: TorchRec ``ParameterConstraints`` by table name. Read here:
+            ``sharding_types``, ``min_partition``, ``pooling_factors`` (summed over the
+            table's features; default ``DEFAULT_POOLING_FACTOR``), ``compute_kernels``.
+        access_hists: measured histograms by table name (``profile_batches``); default the
+            uniform-access histogram for the table's rows and lookups.
+        sharder_kinds: the sharding types the EBC sharder offers; default every kind.
     """
-    pooling_factors = pooling_factors or {}
+    constraints = constraints or {}
     access_hists = access_hists or {}
-    specs: list[TableSpec] = []
+    offered = frozenset(ShardingKind) if sharder_kinds is None else _kinds(sharder_kinds, "the EBC sharder")
+    found: list[ModuleTable] = []
     seen: dict[str, str] = {}
     for path, ebc in find_embedding_bag_collections(module).items():
         for config in ebc.embedding_bag_configs():
@@ -60,22 +83,75 @@ def tables_from_module(
                     f"and {path!r}); TorchRec plans key tables by name, rename one"
                 )
             seen[config.name] = path
-            pf = float(pooling_factors.get(config.name, DEFAULT_POOLING_FACTOR))
-            hist = access_hists.get(config.name) or uniform_access_histogram(
-                config.num_embeddings, pf * batch_size
+            c = constraints.get(config.name)
+            pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
+            hist = access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
+            spec = TableSpec(
+                name=config.name,
+                rows=config.num_embeddings,
+                dim=config.embedding_dim,
+                pooling_factor=pf,
+                access_hist=tuple(hist),
+                bytes_per_element=_dtype_bytes(config.data_type),
+                feature_names=tuple(config.feature_names),
             )
-            specs.append(
-                TableSpec(
-                    name=config.name,
-                    rows=config.num_embeddings,
-                    dim=config.embedding_dim,
-                    pooling_factor=pf,
-                    access_hist=tuple(hist),
-                    bytes_per_element=_dtype_bytes(config.data_type),
-                    feature_names=tuple(config.feature_names),
+            allowed = offered
+            min_width = WIDTH_ALIGNMENT
+            if c is not None:
+                _check_kernels(config.name, c)
+                if c.sharding_types:
+                    allowed = allowed & _kinds(c.sharding_types, f"table {config.name!r}")
+                if c.min_partition is not None:
+                    if c.min_partition <= 0 or c.min_partition % WIDTH_ALIGNMENT:
+                        raise ShardingError(
+                            f"table {config.name!r}: min_partition {c.min_partition} must be a "
+                            f"positive multiple of {WIDTH_ALIGNMENT}"
+                        )
+                    min_width = int(c.min_partition)
+            if not allowed:
+                raise ShardingError(
+                    f"table {config.name!r}: its constraints allow {list(c.sharding_types)} but the "
+                    f"sharder offers {sorted(k.value for k in offered)}; allow one of those"
                 )
-            )
-    return specs
+            found.append(ModuleTable(path, spec, allowed, min_width))
+    for name in sorted(set(constraints) - set(seen)):
+        logger.warning("constraints name table %r, which the module does not have", name)
+    return tuple(found)
+
+
+def tables_from_module(
+    module: nn.Module,
+    batch_size: int,
+    pooling_factors: Mapping[str, float] | None = None,
+    access_hists: Mapping[str, tuple[float, ...]] | None = None,
+) -> list[TableSpec]:
+    """``TableSpec`` of every table in ``module``; ``pooling_factors`` by table name."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    constraints = {name: ParameterConstraints(pooling_factors=[pf]) for name, pf in (pooling_factors or {}).items()}
+    return [t.spec for t in module_tables(module, batch_size, constraints, access_hists)]
+
+
+def _kinds(sharding_types: Iterable[str], where: str) -> frozenset[ShardingKind]:
+    from torchrec.distributed.types import ShardingType
+
+    known = {t.value for t in ShardingType}
+    kinds = set()
+    for st in sharding_types:
+        if st not in known:
+            raise ShardingError(f"{where}: unknown sharding type {st!r}; known types: {sorted(known)}")
+        if st in {k.value for k in ShardingKind}:
+            kinds.add(ShardingKind(st))
+    return frozenset(kinds)
+
+
+def _check_kernels(table: str, c: "ParameterConstraints") -> None:  # noqa: F821
+    if c.compute_kernels and "fused" not in c.compute_kernels:
+        raise ShardingError(
+            f"table {table!r}: constraints allow compute kernels {list(c.compute_kernels)}; "
+            "NeuroShardPlanner plans the fused kernel its cost model was trained on: "
+            "allow 'fused', or plan this model with TorchRec's planner"
+        )
 
 
 def _dtype_bytes(data_type: object) -> int:

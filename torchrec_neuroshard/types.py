@@ -8,9 +8,10 @@ between calls.
 from __future__ import annotations
 
 import abc
+import enum
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -104,19 +105,26 @@ class TableSpec:
 
 @dataclass(frozen=True)
 class Shard:
-    """A column shard: ``width`` columns of ``table`` (all of its rows)."""
+    """A piece of one table: ``width`` columns of ``rows`` rows (default all of them)."""
 
     table: TableSpec
     width: int
+    rows: int | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.table.rows if self.rows is None else self.rows
 
     @property
     def size_bytes(self) -> int:
-        return self.table.size_bytes(self.width)
+        return self.num_rows * self.width * self.table.bytes_per_element
 
 
 @dataclass(frozen=True)
 class Task:
-    """A sharding problem: tables, devices, a memory cap per device, a global batch size."""
+    """A sharding problem: tables, devices, a memory cap per device, and the GLOBAL batch
+    (per-rank batch x devices: the batch a table-wise shard's kernel sees). TorchRec's
+    planners take the per-rank batch, ``batch_size // num_devices``."""
 
     tables: tuple[TableSpec, ...]
     num_devices: int
@@ -171,33 +179,118 @@ class Task:
         return Task.from_json(Path(path).read_text())
 
 
+class ShardingKind(str, enum.Enum):
+    """How one table is sharded. The values are TorchRec's ``ShardingType`` values."""
+
+    TABLE_WISE = "table_wise"
+    COLUMN_WISE = "column_wise"
+    TABLE_COLUMN_WISE = "table_column_wise"
+    ROW_WISE = "row_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    DATA_PARALLEL = "data_parallel"
+
+    @property
+    def splits_columns(self) -> bool:
+        """Shards hold all rows and some columns (one shard: the whole table)."""
+        return self in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE, ShardingKind.TABLE_COLUMN_WISE)
+
+    @property
+    def splits_rows(self) -> bool:
+        """Shards hold all columns and a contiguous block of rows."""
+        return self in (ShardingKind.ROW_WISE, ShardingKind.TABLE_ROW_WISE)
+
+    @property
+    def within_host(self) -> bool:
+        """TorchRec places every shard of the table on the ranks of one host."""
+        return self in (ShardingKind.TABLE_COLUMN_WISE, ShardingKind.TABLE_ROW_WISE)
+
+
 @dataclass(frozen=True)
 class TablePlacement:
-    """How one table is sharded: column widths (in column order) and each shard's device."""
+    """One table's decision: its sharding kind and where each shard goes.
+
+    - column kinds (table_wise, column_wise, table_column_wise): ``widths`` in column order
+      (uneven allowed; one width = table-wise) and each width's device in ``devices``; two
+      shards of one table may share a device.
+    - row kinds (row_wise, table_row_wise): ``rows``, the row count of each block in row
+      order, and each block's device in ``devices`` (one block per device).
+    - data_parallel: no shards; the table is replicated on every device.
+
+    ``kind`` defaults to table_wise for one width and column_wise for several.
+    """
 
     table: str
-    widths: tuple[int, ...]
-    devices: tuple[int, ...]
+    widths: tuple[int, ...] = ()
+    devices: tuple[int, ...] = ()
+    kind: ShardingKind = None  # type: ignore[assignment]  # resolved in __post_init__
+    rows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.widths) != len(self.devices) or not self.widths:
+        kind = self.kind
+        if kind is None:
+            kind = ShardingKind.TABLE_WISE if len(self.widths) == 1 else ShardingKind.COLUMN_WISE
+        object.__setattr__(self, "kind", ShardingKind(kind))
+        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
+        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
+        object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
+        shards = self.widths if self.kind.splits_columns else self.rows
+        other = self.rows if self.kind.splits_columns else self.widths
+        if self.kind is ShardingKind.DATA_PARALLEL:
+            if self.widths or self.devices or self.rows:
+                raise ShardingError(f"table {self.table!r}: a data_parallel table has no shards to place")
+        elif not shards or len(shards) != len(self.devices) or other:
+            what = "widths" if self.kind.splits_columns else "rows"
             raise ShardingError(
-                f"table {self.table!r}: {len(self.widths)} widths but {len(self.devices)} devices"
+                f"table {self.table!r} ({self.kind.value}): needs one device per entry of {what}, "
+                f"got widths {list(self.widths)}, rows {list(self.rows)}, devices {list(self.devices)}"
             )
+        if self.kind is ShardingKind.TABLE_WISE and len(self.widths) != 1:
+            raise ShardingError(f"table {self.table!r}: table_wise has one shard, got widths {list(self.widths)}")
+        if self.kind.splits_rows and len(set(self.devices)) != len(self.devices):
+            raise ShardingError(f"table {self.table!r}: row blocks need distinct devices, got {list(self.devices)}")
+
+    @staticmethod
+    def data_parallel(table: str) -> "TablePlacement":
+        return TablePlacement(table, kind=ShardingKind.DATA_PARALLEL)
+
+    @staticmethod
+    def row_blocks(table: TableSpec, devices: Sequence[int], kind: ShardingKind = ShardingKind.ROW_WISE) -> "TablePlacement":
+        """``table``'s rows in blocks of ceil(rows / len(devices)) over ``devices`` in order,
+        as TorchRec's row-wise sharding lays them out."""
+        block = -(-table.rows // len(devices))
+        rows = tuple(max(0, min(block, table.rows - i * block)) for i in range(len(devices)))
+        return TablePlacement(table.name, devices=tuple(devices), kind=kind, rows=rows)
+
+    def shards(self, table: TableSpec) -> list[tuple[Shard, int]]:
+        """(shard, device) pairs; empty for data_parallel."""
+        if self.kind.splits_columns:
+            return [(Shard(table, w), d) for w, d in zip(self.widths, self.devices)]
+        return [(Shard(table, table.dim, r), d) for r, d in zip(self.rows, self.devices)]
+
+    def to_dict(self) -> dict:
+        d: dict = {"table": self.table, "kind": self.kind.value}
+        if self.widths:
+            d["widths"] = list(self.widths)
+        if self.rows:
+            d["rows"] = list(self.rows)
+        if self.devices:
+            d["devices"] = list(self.devices)
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> "TablePlacement":
+        return TablePlacement(
+            d["table"], tuple(d.get("widths", ())), tuple(d.get("devices", ())),
+            d.get("kind"), tuple(d.get("rows", ())),
+        )
 
 
 @dataclass(frozen=True)
 class Plan:
-    """A column-wise sharding plan: one ``TablePlacement`` per table, ``num_devices`` devices.
-
-    A table with a single shard is table-wise; with several it is column-wise, uneven widths
-    allowed, and two shards of one table may share a device. ``data_parallel`` names tables
-    replicated on every device (only produced by ``from_torchrec`` for TorchRec's plans).
-    """
+    """A sharding plan: one ``TablePlacement`` per table over ``num_devices`` devices."""
 
     placements: tuple[TablePlacement, ...]
     num_devices: int
-    data_parallel: tuple[str, ...] = field(default=())
 
     def placement(self, table: str) -> TablePlacement:
         for p in self.placements:
@@ -205,28 +298,46 @@ class Plan:
                 return p
         raise KeyError(table)
 
+    @property
+    def data_parallel(self) -> tuple[str, ...]:
+        """Names of the tables replicated on every device."""
+        return tuple(p.table for p in self.placements if p.kind is ShardingKind.DATA_PARALLEL)
+
+    def kinds(self) -> dict[str, ShardingKind]:
+        return {p.table: p.kind for p in self.placements}
+
     def device_shards(self, tables: Sequence[TableSpec]) -> list[list[Shard]]:
-        """Shards on each device: ``result[d]`` lists the ``Shard``s on device ``d``."""
+        """Column shards (table-wise and column splits) on each device: ``result[d]`` lists
+        the ``Shard``s of device ``d``'s fused kernel over the global batch, the part the
+        compute model prices. Row blocks and replicas are not in it."""
         by_name = {t.name: t for t in tables}
         out: list[list[Shard]] = [[] for _ in range(self.num_devices)]
         for p in self.placements:
-            for w, d in zip(p.widths, p.devices):
-                out[d].append(Shard(by_name[p.table], w))
+            if p.kind.splits_columns:
+                for shard, d in p.shards(by_name[p.table]):
+                    out[d].append(shard)
         return out
 
     def device_dims(self) -> list[int]:
-        """Sum of shard widths on each device (the pooled-embedding width it sends)."""
+        """Sum of column-shard widths on each device (the pooled-embedding width it sends)."""
         dims = [0] * self.num_devices
         for p in self.placements:
-            for w, d in zip(p.widths, p.devices):
-                dims[d] += w
+            if p.kind.splits_columns:
+                for w, d in zip(p.widths, p.devices):
+                    dims[d] += w
         return dims
 
     def device_memory(self, tables: Sequence[TableSpec]) -> list[int]:
-        """Weight bytes on each device, data-parallel replicas included."""
-        shards = self.device_shards(tables)
-        replicated = sum(t.size_bytes() for t in tables if t.name in self.data_parallel)
-        return [sum(s.size_bytes for s in ss) + replicated for ss in shards]
+        """Weight bytes on each device: column shards, row blocks and replicas."""
+        by_name = {t.name: t for t in tables}
+        used = [0] * self.num_devices
+        for p in self.placements:
+            table = by_name[p.table]
+            if p.kind is ShardingKind.DATA_PARALLEL:
+                used = [u + table.size_bytes() for u in used]
+            for shard, d in p.shards(table):
+                used[d] += shard.size_bytes
+        return used
 
     def validate(self, task: Task) -> None:
         """Raise ``ShardingError`` naming the table and numbers for any violation."""
@@ -239,7 +350,7 @@ class Plan:
         for p in self.placements:
             if p.table not in names:
                 raise ShardingError(f"plan places unknown table {p.table!r}")
-            if p.table in seen or p.table in self.data_parallel:
+            if p.table in seen:
                 raise ShardingError(f"plan places table {p.table!r} twice")
             seen.add(p.table)
             spec = task.table(p.table)
@@ -249,24 +360,29 @@ class Plan:
                         f"table {p.table!r}: shard width {w} is not a positive multiple of "
                         f"{WIDTH_ALIGNMENT} (widths {list(p.widths)})"
                     )
-            if sum(p.widths) != spec.dim:
+            if p.kind.splits_columns and sum(p.widths) != spec.dim:
                 raise ShardingError(
                     f"table {p.table!r}: shard widths {list(p.widths)} sum to "
                     f"{sum(p.widths)}, not the table's dim {spec.dim}"
+                )
+            if p.kind.splits_rows and (sum(p.rows) != spec.rows or min(p.rows) < 0):
+                raise ShardingError(
+                    f"table {p.table!r}: row blocks {list(p.rows)} sum to {sum(p.rows)}, "
+                    f"not the table's {spec.rows} rows"
                 )
             for d in p.devices:
                 if not 0 <= d < self.num_devices:
                     raise ShardingError(
                         f"table {p.table!r}: device {d} out of range [0, {self.num_devices})"
                     )
-        missing = sorted(names - seen - set(self.data_parallel))
+        missing = sorted(names - seen)
         if missing:
             raise ShardingError(f"plan does not place tables {missing}")
         for d, used in enumerate(self.device_memory(task.tables)):
             if used > task.memory_cap_bytes:
                 on_dev = [
-                    p.table for p in self.placements if d in p.devices
-                ] + list(self.data_parallel)
+                    p.table for p in self.placements if d in p.devices or p.kind is ShardingKind.DATA_PARALLEL
+                ]
                 raise InfeasibleError(
                     f"device {d} holds {used:,} bytes, over the cap of "
                     f"{task.memory_cap_bytes:,} bytes by {used - task.memory_cap_bytes:,} "
@@ -274,36 +390,25 @@ class Plan:
                 )
 
     def to_dict(self) -> dict:
-        return {
-            "num_devices": self.num_devices,
-            "data_parallel": list(self.data_parallel),
-            "placements": [
-                {"table": p.table, "widths": list(p.widths), "devices": list(p.devices)}
-                for p in self.placements
-            ],
-        }
+        return {"num_devices": self.num_devices, "placements": [p.to_dict() for p in self.placements]}
 
     @staticmethod
     def from_dict(d: dict) -> "Plan":
-        return Plan(
-            placements=tuple(
-                TablePlacement(p["table"], tuple(p["widths"]), tuple(p["devices"]))
-                for p in d["placements"]
-            ),
-            num_devices=int(d["num_devices"]),
-            data_parallel=tuple(d.get("data_parallel", ())),
-        )
+        placements = [TablePlacement.from_dict(p) for p in d["placements"]]
+        # files written before kinds existed list replicated tables apart
+        placements += [TablePlacement.data_parallel(name) for name in d.get("data_parallel", ())]
+        return Plan(tuple(placements), num_devices=int(d["num_devices"]))
 
     def describe(self) -> str:
-        """One line per device: its shards as ``table[width]``."""
-        lines = []
+        """One line per device: its shards as ``table[width]`` or ``table[rows r]``."""
         per_dev: list[list[str]] = [[] for _ in range(self.num_devices)]
         for p in self.placements:
             for w, d in zip(p.widths, p.devices):
                 per_dev[d].append(f"{p.table}[{w}]")
+            for r, d in zip(p.rows, p.devices):
+                per_dev[d].append(f"{p.table}[{r} rows]")
         dims = self.device_dims()
-        for d, items in enumerate(per_dev):
-            lines.append(f"device {d} (dim sum {dims[d]}): " + " ".join(items))
+        lines = [f"device {d} (dim sum {dims[d]}): " + " ".join(items) for d, items in enumerate(per_dev)]
         if self.data_parallel:
             lines.append("data parallel: " + " ".join(self.data_parallel))
         return "\n".join(lines)
@@ -347,6 +452,11 @@ class CostModel(abc.ABC):
         ``dims`` [R, D] is each device's dim sum; ``skews_ms`` [R, D] each device's
         forward-compute lateness relative to the earliest device.
         """
+
+    def with_batch_size(self, batch_size: int) -> "CostModel":
+        """The model predicting at global batch ``batch_size``; the search calls this with
+        its task's batch, so callers never rescale. Default: batch-independent."""
+        return self
 
     def compute_cost(self, devices: Sequence[Sequence[Shard]]) -> list[tuple[float, float]]:
         """(forward ms, backward ms) of one fused kernel per device; empty costs (0, 0)."""

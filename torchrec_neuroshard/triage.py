@@ -1,0 +1,78 @@
+"""Triage: which tables the search places, and which are decided before it.
+
+A pure step, one decision per table from that table alone (its size, the memory cap and
+the kinds its constraints allow), so the plan does not depend on the order of tables or
+modules. The search then places the searched tables in the memory the decided ones leave.
+
+- searched: table-wise or column-wise is allowed and the table fits one rank;
+- row-wise over all ranks: row splits are allowed and the table is larger than a rank,
+  or row splits are all its constraints allow;
+- data-parallel: replication is all its constraints allow;
+- anything else is an error naming the table, its bytes and what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from torchrec_neuroshard.tables import ModuleTable
+from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement
+
+COLUMN_KINDS = frozenset(k for k in ShardingKind if k.splits_columns)
+ROW_KINDS = frozenset(k for k in ShardingKind if k.splits_rows)
+SPLIT_KINDS = COLUMN_KINDS - {ShardingKind.TABLE_WISE}
+
+
+@dataclass(frozen=True)
+class Triage:
+    """The searched tables (sorted by name), the decided placements, why each decided
+    table was decided, and the memory per rank the searched tables may use."""
+
+    searched: tuple[ModuleTable, ...]
+    decided: tuple[TablePlacement, ...]
+    reasons: tuple[tuple[str, str], ...]
+    search_cap_bytes: int
+
+
+def triage(tables: Sequence[ModuleTable], world_size: int, local_world_size: int, cap_bytes: int) -> Triage:
+    """Decide every table that the search does not place; see the module docstring."""
+    searched: list[ModuleTable] = []
+    decided: list[TablePlacement] = []
+    reasons: list[tuple[str, str]] = []
+    for t in sorted(tables, key=lambda t: t.spec.name):
+        spec = t.spec
+        fits = spec.size_bytes() <= cap_bytes
+        if fits and t.allowed & COLUMN_KINDS:
+            searched.append(t)
+        elif t.allowed & ROW_KINDS:
+            kind = ShardingKind.ROW_WISE if ShardingKind.ROW_WISE in t.allowed else ShardingKind.TABLE_ROW_WISE
+            ranks = world_size if kind is ShardingKind.ROW_WISE else local_world_size
+            placement = TablePlacement.row_blocks(spec, range(ranks), kind)
+            block = max(placement.rows) * spec.dim * spec.bytes_per_element
+            if block > cap_bytes:
+                raise ShardingError(
+                    f"table {spec.name!r} ({spec.size_bytes():,} bytes) does not fit even {kind.value} "
+                    f"over {ranks} ranks of {cap_bytes:,} bytes; add ranks or memory"
+                )
+            decided.append(placement)
+            why = "restricted to row splits" if fits else f"larger than one rank's memory ({spec.size_bytes():,} > {cap_bytes:,} bytes)"
+            reasons.append((spec.name, f"{why}: {kind.value} over {ranks} ranks"))
+        elif fits and ShardingKind.DATA_PARALLEL in t.allowed:
+            decided.append(TablePlacement.data_parallel(spec.name))
+            reasons.append((spec.name, "restricted to data_parallel: replicated on every rank"))
+        else:
+            raise ShardingError(
+                f"table {spec.name!r} ({spec.size_bytes():,} bytes) is larger than one rank's memory "
+                f"({cap_bytes:,} bytes after reservations) and its constraints allow only "
+                f"{sorted(k.value for k in t.allowed)}; allow column_wise or row_wise, or add memory"
+            )
+    fixed_tables = [t.spec for t in tables if t.spec.name in {p.table for p in decided}]
+    fixed_memory = max(Plan(tuple(decided), world_size).device_memory(fixed_tables), default=0)
+    search_cap = cap_bytes - fixed_memory
+    if searched and search_cap <= 0:
+        raise ShardingError(
+            f"the topology's memory fits nothing: {cap_bytes:,} bytes per rank after reservations, "
+            f"all taken by replicated or row-wise tables ({fixed_memory:,} bytes on the fullest rank)"
+        )
+    return Triage(tuple(searched), tuple(decided), tuple(reasons), search_cap)
