@@ -190,7 +190,7 @@ def plan_task(task: Task, label: str, config: StepConfig, planners: Sequence[str
 
     device_type = default_device().type
     model = StepModel(task, config, torch.device("cpu"))
-    cost_model = load_pretrained().with_batch_size(task.batch_size)
+    cost_model = load_pretrained()
     plans, failures, fits = {}, {}, {}
     for name in planners:
         try:

@@ -78,7 +78,7 @@ def make_plan(name: str, task: Task, model: torch.nn.Module, sharders: list, dev
     topology = Topology(world_size=world, compute_device=device.type, local_world_size=world, **mem)
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
     if name == "neuroshard":
-        planner = NeuroShardPlanner(topology, batch_size=task.batch_size, constraints=constraints, storage_reservation=0.0)
+        planner = NeuroShardPlanner(topology, batch_size=task.batch_size // world, constraints=constraints, storage_reservation=0.0)
         return planner.collective_plan(model, sharders)
     if name == "torchrec":
         # TorchRec's planner as its docs say: per-rank batch, pooling factors as

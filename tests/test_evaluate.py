@@ -5,7 +5,7 @@ import torch
 from torchrec_neuroshard.lab.evaluate import evaluate_plans, lookup_groups, step_exchanges, task_lookups
 from torchrec_neuroshard.lab.measure_compute import measure_replicated_compute
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
-from torchrec_neuroshard.types import Plan, TablePlacement
+from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
 
 SMALL = WorkloadScale(row_divisor=1024, batch_size=512)
 
@@ -15,11 +15,11 @@ def _task_and_plans():
     a, b, c, d = (t.name for t in task.tables)
     whole = Plan(tuple(TablePlacement(n, (32,), (i % 2,)) for i, n in enumerate((a, b, c, d))), 2)
     split = Plan(
-        (TablePlacement(a, (16, 16), (0, 1)), *(TablePlacement(n, (32,), (i % 2,)) for i, n in enumerate((b, c, d)))),
-        2,
-        data_parallel=(),
+        (TablePlacement(a, (16, 16), (0, 1)), *(TablePlacement(n, (32,), (i % 2,)) for i, n in enumerate((b, c, d)))), 2
     )
-    replicated = Plan(tuple(TablePlacement(n, (32,), (i % 2,)) for i, n in enumerate((a, b, c))), 2, data_parallel=(d,))
+    replicated = Plan(
+        (*(TablePlacement(n, (32,), (i % 2,)) for i, n in enumerate((a, b, c))), TablePlacement.data_parallel(d)), 2
+    )
     return task, whole, split, replicated
 
 
@@ -34,7 +34,8 @@ def test_a_split_table_sends_its_indices_to_every_column_shard_and_runs_its_own_
     groups, _ = lookup_groups(task, split, modules)
     assert sorted(g.kind for g in groups) == ["column_wise", "table_wise"]
     cw = next(g for g in groups if g.kind == "column_wise")
-    assert cw.shards == (((a, 16),), ((a, 16),))
+    rows = task.tables[0].rows
+    assert cw.shards == (((a, 16, 0, rows),), ((a, 16, 0, rows),))
     input_, fwd, bwd = step_exchanges(task, groups, [[]], lookups)
     assert len(input_) == 3 * len(groups) and len(fwd) == len(bwd) == len(groups)
     values = input_[3 * groups.index(cw) + 2]
@@ -55,17 +56,41 @@ def test_data_parallel_tables_are_replicated_kernels_and_an_all_reduce() -> None
     task, _, _, replicated = _task_and_plans()
     d = task.tables[3]
     groups, rep = lookup_groups(task, replicated, [[t.name for t in task.tables]])
-    assert rep == [[d.name]] and all(d.name not in dict(s) for g in groups for s in g.shards)
+    assert rep == [[d.name]] and all(d.name != s[0] for g in groups for dev in g.shards for s in dev)
     _, _, bwd = step_exchanges(task, groups, rep, task_lookups(task))
     assert bwd[-1].op == "all_reduce" and bwd[-1].counts == ((d.rows * d.dim,),)
     m = measure_replicated_compute([d], {d.name: task_lookups(task)[d.name]}, torch.device("cpu"), 1, 2)
     assert m.fwd.median_ms > 0 and m.bwd.median_ms > 0
 
 
-def test_the_evaluator_prices_input_comm_and_two_ebcs() -> None:
+def test_row_wise_blocks_get_their_bucket_of_indices_and_reduce_scatter_outputs() -> None:
+    task, whole, _, _ = _task_and_plans()
+    a = task.tables[0]
+    row_wise = Plan((TablePlacement.row_blocks(a, (0, 1)), *whole.placements[1:]), 2)
+    row_wise.validate(task)
+    lookups = task_lookups(task)
+    groups, rep = lookup_groups(task, row_wise, [[t.name for t in task.tables]])
+    rw = next(g for g in groups if g.kind is ShardingKind.ROW_WISE)
+    block = -(-a.rows // 2)
+    assert rw.shards == (((a.name, a.dim, 0, block),), ((a.name, a.dim, block, a.rows - block),))
+    input_, fwd, bwd = step_exchanges(task, groups, rep, lookups)
+    k = groups.index(rw)
+    idx, off = lookups[a.name]
+    local = task.batch_size // 2
+    # every index of table a goes to exactly one block's rank
+    assert sum(map(sum, input_[3 * k + 2].counts)) == int(off[-1])
+    mine = idx[: int(off[local])]
+    assert input_[3 * k + 2].counts[0] == (int((mine < block).sum()), int((mine >= block).sum()))
+    assert fwd[k].op == "reduce_scatter" and fwd[k].counts == ((local * a.dim, local * a.dim),)
+    assert bwd[k].op == "all_gather"
+
+
+def test_the_evaluator_prices_input_comm_row_wise_and_two_ebcs() -> None:
     task, whole, split, replicated = _task_and_plans()
+    row_wise = Plan((TablePlacement.row_blocks(task.tables[0], (0, 1)), *whole.placements[1:]), 2)
     names = [t.name for t in task.tables]
-    results = evaluate_plans(task, [whole, split, replicated], rounds=1, warmup=1, repeats=2, modules=[names[::2], names[1::2]])
+    plans = [whole, split, replicated, row_wise]
+    results = evaluate_plans(task, plans, rounds=1, warmup=1, repeats=2, modules=[names[::2], names[1::2]])
     for m in results:
         assert len(m.input_comm_ms) == 2 and all(i > 0 for i in m.input_comm_ms)
         assert all(d.fwd_comm >= i for d, i in zip(m.devices, m.input_comm_ms))

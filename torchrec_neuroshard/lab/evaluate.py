@@ -14,8 +14,13 @@ DistributedModelParallel does per rank (``benchmarks/dmp_step.py`` measures the 
 - Communication on a real D-rank group (gloo on CPU, NCCL on GPU), per lookup group:
   the input all-to-all of the KJT (a splits exchange, then int32 lengths and int64 indices;
   every column shard of a table receives all the table's indices), the pooled-embedding
-  all-to-all forward, entered with each device's compute lateness as skew, and the
-  gradient all-to-all backward.
+  all-to-all forward, entered with each device's compute lateness as skew, and
+  the gradient all-to-all backward.
+- Row-wise shards (row_wise, table_row_wise) as TorchRec runs them: the KJT input is
+  bucketised (rank j receives the indices that fall in its block of rows, and every
+  bag's length), each block's kernel pools the global batch's bags over its rows, the
+  partial sums are reduce-scattered forward (each rank gets its samples' sums) and the
+  gradients all-gathered backward.
 
 A device's cost: input comm + fwd compute + fwd comm + bwd comm + bwd compute (data-parallel
 work included); the plan's cost is the max over devices. Several plans are measured
@@ -41,7 +46,7 @@ from torchrec_neuroshard.lab.launch import default_device, spawn
 from torchrec_neuroshard.lab.measure_comm import Exchange, measure_step_comm
 from torchrec_neuroshard.lab.measure_compute import Lookups, Timing, measure_compute, measure_replicated_compute
 from torchrec_neuroshard.lab.workloads import lookups_for
-from torchrec_neuroshard.types import DeviceCost, Plan, Shard, Task
+from torchrec_neuroshard.types import DeviceCost, Plan, Shard, ShardingKind, Task
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -98,30 +103,49 @@ def _local_lookups(lookups: Lookups, rank: int, local_batch: int) -> Lookups:
 
 @dataclass(frozen=True)
 class LookupGroup:
-    """The shards of one sharding type of one EBC: one lookup kernel per rank, one set of
-    collectives. ``shards[d]`` lists (table name, width) on device d."""
+    """The shards of one sharding kind of one EBC: one lookup kernel per rank, one set of
+    collectives. ``shards[d]`` lists device d's (table name, width, first row, rows):
+    a column shard is (name, width, 0, all rows), a row block (name, dim, start, rows)."""
 
-    kind: str
-    shards: tuple[tuple[tuple[str, int], ...], ...]
+    kind: ShardingKind
+    shards: tuple[tuple[tuple[str, int, int, int], ...], ...]
 
 
 def lookup_groups(task: Task, plan: Plan, modules: Sequence[Sequence[str]]) -> tuple[list[LookupGroup], list[list[str]]]:
     """The plan's lookup groups, and the data-parallel tables of each module (EBC)."""
-    dp = set(plan.data_parallel)
     groups, replicated = [], []
     for names in modules:
-        replicated.append([n for n in names if n in dp])
-        by_kind: dict[str, list[list[tuple[str, int]]]] = {}
+        replicated.append([n for n in names if plan.placement(n).kind is ShardingKind.DATA_PARALLEL])
+        by_kind: dict[ShardingKind, list[list[tuple[str, int, int, int]]]] = {}
         for n in names:
-            if n in dp:
+            p, t = plan.placement(n), task.table(n)
+            if p.kind is ShardingKind.DATA_PARALLEL:
                 continue
-            p = plan.placement(n)
-            kind = "table_wise" if len(p.widths) == 1 else "column_wise"
-            per_device = by_kind.setdefault(kind, [[] for _ in range(task.num_devices)])
-            for w, d in zip(p.widths, p.devices):
-                per_device[d].append((n, w))
+            per_device = by_kind.setdefault(p.kind, [[] for _ in range(task.num_devices)])
+            if p.kind.splits_columns:
+                for w, d in zip(p.widths, p.devices):
+                    per_device[d].append((n, w, 0, t.rows))
+            else:
+                for i, (r, d) in enumerate(zip(p.rows, p.devices)):
+                    per_device[d].append((n, t.dim, sum(p.rows[:i]), r))
         groups += [LookupGroup(k, tuple(tuple(s) for s in per)) for k, per in by_kind.items()]
     return groups, replicated
+
+
+def _row_block(lookups: Lookups, start: int, rows: int) -> Lookups:
+    """The bags of a table restricted to rows [start, start + rows), renumbered from 0:
+    what a row-wise shard's kernel looks up after bucketisation."""
+    indices, offsets = lookups
+    keep = (indices >= start) & (indices < start + rows)
+    kept_before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(keep.to(torch.int64), 0)])
+    return indices[keep] - start, kept_before[offsets]
+
+
+def _in_rows(lookups: Lookups, rank: int, local: int, start: int, rows: int) -> int:
+    """How many of rank ``rank``'s samples' indices fall in rows [start, start + rows)."""
+    indices, offsets = lookups
+    mine = indices[int(offsets[rank * local]) : int(offsets[(rank + 1) * local])]
+    return int(((mine >= start) & (mine < start + rows)).sum())
 
 
 def step_exchanges(
@@ -136,15 +160,27 @@ def step_exchanges(
     input_, fwd, bwd = [], [], []
     for g in groups:
         lengths = [[local * len(g.shards[j]) for j in range(world)] for _ in range(world)]
-        values = [[sum(sent[n][r] for n, _ in g.shards[j]) for j in range(world)] for r in range(world)]
-        pooled = [[local * sum(w for _, w in g.shards[r]) for _ in range(world)] for r in range(world)]
+        if g.kind.splits_columns:
+            values = [[sum(sent[n][r] for n, *_ in g.shards[j]) for j in range(world)] for r in range(world)]
+        else:  # bucketised: rank r sends rank j its samples' indices that fall in j's rows
+            values = [
+                [sum(_in_rows(lookups[n], r, local, start, rows) for n, _, start, rows in g.shards[j]) for j in range(world)]
+                for r in range(world)
+            ]
         input_ += [
             Exchange("all_to_all", tuple((SPLITS_PER_PEER,) * world for _ in range(world)), INDEX_DTYPE),
             Exchange("all_to_all", tuple(map(tuple, lengths)), LENGTHS_DTYPE),
             Exchange("all_to_all", tuple(map(tuple, values)), INDEX_DTYPE),
         ]
-        fwd.append(Exchange("all_to_all", tuple(map(tuple, pooled))))
-        bwd.append(Exchange("all_to_all", tuple(zip(*pooled))))
+        if g.kind.splits_columns:
+            pooled = [[local * sum(w for _, w, *_ in g.shards[r]) for _ in range(world)] for r in range(world)]
+            fwd.append(Exchange("all_to_all", tuple(map(tuple, pooled))))
+            bwd.append(Exchange("all_to_all", tuple(zip(*pooled))))
+        else:  # every rank holds the global batch's partial sums of every row-wise table
+            dims = {n: w for shards in g.shards for n, w, *_ in shards}
+            chunks = ((local * sum(dims.values()),) * world,)
+            fwd.append(Exchange("reduce_scatter", chunks))
+            bwd.append(Exchange("all_gather", chunks))
     numel = sum(task.table(n).rows * task.table(n).dim for names in replicated for n in names)
     if numel:
         bwd.append(Exchange("all_reduce", ((numel,),)))
@@ -173,7 +209,11 @@ def _measure_compute_round(
         fwd, bwd = fwd_dp, bwd_dp
         for g in groups:
             if g.shards[d]:
-                m = measure_compute([Shard(task.table(n), w) for n, w in g.shards[d]], lookups, device, warmup, repeats)
+                shards = [Shard(task.table(n), w, rows) for n, w, _, rows in g.shards[d]]
+                bags = lookups
+                if g.kind.splits_rows:  # each block's own bags (a rank holds one block of a table)
+                    bags = {n: _row_block(lookups[n], start, rows) for n, _, start, rows in g.shards[d]}
+                m = measure_compute(shards, bags, device, warmup, repeats)
                 fwd, bwd = fwd + m.fwd.median_ms, bwd + m.bwd.median_ms
         out.append((fwd, bwd))
     return out
@@ -205,8 +245,8 @@ def evaluate_plans(
     """Measure every plan ``rounds`` times, interleaved; per-plan medians over rounds.
 
     Args:
-        plans: our ``Plan``s or TorchRec ``ShardingPlan``s (table_wise, column_wise,
-            table_column_wise, data_parallel), each validated against the task first.
+        plans: our ``Plan``s or TorchRec ``ShardingPlan``s (every kind ``from_torchrec``
+            reads), each validated against the task first.
         lookups: each table's bags; default ``task_lookups(task)``.
         modules: the table names of each EmbeddingBagCollection of the model (each EBC
             runs its own kernels and collectives); default one EBC of all tables.

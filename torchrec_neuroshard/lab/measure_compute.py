@@ -93,13 +93,13 @@ class Clock:
 
 
 def build_kernel(shards: Sequence[Shard], device: torch.device) -> SplitTableBatchedEmbeddingBagsCodegen:
-    """One fused TBE (EXACT_SGD, fp32 weights) with a table per shard (rows x width)."""
+    """One fused TBE (EXACT_SGD, fp32 weights) with a table per shard (its rows x width)."""
     if device.type == "cuda":
         location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
     else:
         location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
     return SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(s.table.rows, s.width, location, compute) for s in shards],
+        embedding_specs=[(s.num_rows, s.width, location, compute) for s in shards],
         optimizer=EmbOptimType.EXACT_SGD,
         learning_rate=0.01,
         device=device,
