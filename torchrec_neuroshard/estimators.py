@@ -57,6 +57,9 @@ class NeuralPerfEstimator(ShardEstimator):
     marginal all-to-all cost (the device's cost with the shard's width minus without it,
     the other devices idle). Per-shard numbers cannot see which shards end up together:
     pair with ``NeuralPerfModel`` to rate whole plans.
+
+    ``batch_size`` (here and in ``NeuralPerfModel``) is the GLOBAL batch, the one a
+    table-wise shard's kernel sees; by default TorchRec's per-rank batch x world size.
     """
 
     def __init__(
@@ -78,7 +81,7 @@ class NeuralPerfEstimator(ShardEstimator):
         if not sharding_options:
             return
         world = self.topology.world_size
-        batch = self.batch_size or sharding_options[0].batch_size
+        batch = self.batch_size or sharding_options[0].batch_size * world  # TorchRec's is per rank
         model = self.model.with_batch_size(batch)
         for option in sharding_options:
             shards = _option_shards(option, world, batch, self.access_hists)
@@ -119,7 +122,7 @@ class NeuralPerfModel(PerfModel):
         world = self.topology.world_size
         if not plan:
             return 0.0
-        batch = self.batch_size or plan[0].batch_size
+        batch = self.batch_size or plan[0].batch_size * world  # TorchRec's is per rank
         model = self.model.with_batch_size(batch)
         devices: list[list[Shard]] = [[] for _ in range(world)]
         dims = np.zeros((1, world), dtype=np.float32)
