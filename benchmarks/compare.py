@@ -17,6 +17,7 @@ import datetime
 import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Sequence
@@ -283,15 +284,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--limit", type=int, help="only the first N tasks")
+    p.add_argument("--report-only", action="store_true", help="report the tasks measured so far, measure nothing")
     args = p.parse_args(argv)
     if args.new_suite or not args.suite.exists():
         save_suite(make_suite(args.tasks_per_size), args.suite)
     tasks = load_suite(args.suite)[: args.limit]
     results = args.out / ("compare.jsonl" if args.limit is None else f"compare_first{args.limit}.jsonl")
-    rows = run(tasks, results, rounds=args.rounds)
+    rows = read_rows(results) if args.report_only else run(tasks, results, rounds=args.rounds)
     rows = [r for r in rows if r["task"] < len(tasks)]
+    measured = len({r["task"] for r in rows})
     note = (
-        f"Suite: {args.suite.name}, {len(tasks)} tasks, {args.rounds} interleaved rounds per task. TorchRec's "
+        f"Suite: {args.suite.name}, {measured} of its first {len(tasks)} tasks measured, {args.rounds} interleaved "
+        f"rounds per task (`{' '.join(['python -m benchmarks.compare', *(argv if argv is not None else sys.argv[1:])])}`). TorchRec's "
         "planner gets the per-rank batch and the task's memory, never raised (lab/torchrec_baseline.py); the "
         "evaluator prices the KJT input all-to-all, one kernel and set of collectives per sharding type, and "
         "data-parallel tables as DMP runs them (lab/evaluate.py). This replaces the earlier NeuroShard / "
