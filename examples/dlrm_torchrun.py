@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingPlan
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRMTrain
@@ -78,26 +78,28 @@ def make_plan(name: str, task: Task, model: torch.nn.Module, sharders: list, dev
     topology = Topology(world_size=world, compute_device=device.type, local_world_size=world, **mem)
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
     if name == "neuroshard":
-        planner = NeuroShardPlanner(topology, batch_size=task.batch_size, constraints=constraints, storage_reservation=0.0)
+        planner = NeuroShardPlanner(topology, batch_size=task.batch_size // world, constraints=constraints, storage_reservation=0.0)
         return planner.collective_plan(model, sharders)
     if name == "torchrec":
+        # TorchRec's planner as its docs say: per-rank batch, pooling factors as
+        # constraints, the task's memory as the topology's (lab.torchrec_baseline).
         from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
 
-        box = [torchrec_plan(task, device.type) if dist.get_rank() == 0 else None]
+        from torchrec.distributed.planner.types import PlannerError
+
+        box: list[object] = [None]
+        if dist.get_rank() == 0:
+            try:
+                box[0] = torchrec_plan(task, device.type, module=model)
+            except PlannerError as e:
+                print(
+                    f"TorchRec's planner found no plan within the task's {task.memory_cap_bytes:,} bytes "
+                    f"per rank ({str(e).splitlines()[0]}); running its plan at its default topology memory"
+                )
+                box[0] = torchrec_plan(task, device.type, module=model, default_memory=True)
         dist.broadcast_object_list(box, src=0)
-        return _reroot(box[0], model)
+        return box[0]
     return to_torchrec(baseline_plan(name, task), model, device.type)
-
-
-def _reroot(plan: ShardingPlan, model: torch.nn.Module) -> ShardingPlan:
-    """TorchRec's plan of the bare tables, moved to the model's EBC path."""
-    sharding = {name: ps for module_plan in plan.plan.values() for name, ps in module_plan.items()}
-    path = next(p for p, m in model.named_modules() if isinstance(m, EmbeddingBagCollection))
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan
-
-    module_plan = EmbeddingModuleShardingPlan()
-    module_plan.update(sharding)
-    return ShardingPlan(plan={path: module_plan})
 
 
 def make_batches(task: Task, rank: int, world: int, count: int, device: torch.device, seed: int) -> list[Batch]:

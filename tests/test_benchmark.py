@@ -19,3 +19,25 @@ def test_compare_runs_end_to_end_on_two_tiny_tasks(tmp_path) -> None:
     assert headline["neuroshard_over_torchrec_geomean"] > 0
     assert "tasks where TorchRec's plan fit the memory cap" in write_report(rows, tmp_path)
     assert all(p.stat().st_size > 1000 for p in plot(rows, tmp_path))
+
+
+def test_dmp_step_quick_mode_runs_every_plan_under_dmp(tmp_path) -> None:
+    from benchmarks.dmp_step import PLANNERS, QUICK_CONFIG, QUICK_SCALE, QUICK_TABLES, generated_tasks, report, run
+
+    tasks = generated_tasks(QUICK_TABLES, [0], 2, QUICK_SCALE)
+    rows = run(tasks, QUICK_CONFIG, out=tmp_path / "steps.jsonl", progress=False)
+    assert len((tmp_path / "steps.jsonl").read_text().splitlines()) == len(rows)
+    for label in ("T6_D2_pool0", "T10_D2_pool0"):
+        by_planner = {r["planner"]: r for r in rows if r["task"] == label}
+        assert set(PLANNERS) <= set(by_planner)
+        ran = [r for r in by_planner.values() if r["status"] == "ok"]
+        # every planner's plan ran; TorchRec's may be "no plan within the cap", then its
+        # default-memory plan ran instead
+        assert {r["planner"] for r in ran} >= set(PLANNERS) - {"torchrec"}
+        assert "torchrec" in {r["planner"] for r in ran} or by_planner["torchrec_default_memory"]["status"] == "ok"
+        for r in ran:
+            assert r["sharded_modules"] == QUICK_CONFIG.num_ebcs  # both EBCs sharded by DMP
+            assert r["steps"] == QUICK_CONFIG.steps
+            assert r["step_ms"] > 0 and r["step_iqr_ms"] >= 0
+            assert 0 < r["embedding_ms"] <= r["step_ms"] and 0 < r["embedding_share"] <= 1
+    assert "| T10_D2_pool0 | neuroshard |" in report(rows)

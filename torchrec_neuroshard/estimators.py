@@ -69,6 +69,10 @@ class NeuralPerfEstimator(ShardEstimator):
     marginal all-to-all cost (the device's cost with the shard's width minus without it,
     the other devices idle). Per-shard numbers cannot see which shards end up together:
     pair with ``NeuralPerfModel`` to rate whole plans.
+
+    ``batch_size`` (here and in ``NeuralPerfModel``) is the PER-RANK batch, as in
+    TorchRec's estimators (default: the sharding options' own); shards are priced at the
+    global batch a table-wise shard's kernel sees, per-rank x world size.
     """
 
     def __init__(

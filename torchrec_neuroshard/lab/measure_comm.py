@@ -107,3 +107,93 @@ def measure_allreduce(numel: int, device: torch.device, warmup: int = 1, repeats
     t = torch.tensor([Timing.of(times).median_ms], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One collective of a sharded training step, as every rank of the group calls it.
+
+    ``op`` is "all_to_all" (``counts[r][j]``: elements rank r sends rank j),
+    "reduce_scatter" (every rank reduces ``sum(counts[0])`` elements, rank j keeps its
+    ``counts[0][j]``), "all_gather" (its reverse) or "all_reduce" (``counts[0][0]``
+    elements). ``dtype`` is a torch dtype name ("int32", "int64", "float32").
+    """
+
+    op: str
+    counts: tuple[tuple[int, ...], ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.op not in ("all_to_all", "reduce_scatter", "all_gather", "all_reduce"):
+            raise ValueError(f"unknown collective {self.op!r}")
+        if any(c < 0 for row in self.counts for c in row):
+            raise ValueError(f"{self.op}: negative element counts {self.counts}")
+        if not hasattr(torch, self.dtype):
+            raise ValueError(f"{self.op}: unknown dtype {self.dtype!r}; use a torch dtype name such as 'int64'")
+
+    def run(self, device: torch.device) -> None:
+        """Call the collective with buffers of the described sizes."""
+        rank, dtype = dist.get_rank(), getattr(torch, self.dtype)
+        if self.op == "all_to_all":
+            send = [int(c) for c in self.counts[rank]]
+            recv = [int(row[rank]) for row in self.counts]
+            out = torch.empty(sum(recv), dtype=dtype, device=device)
+            dist.all_to_all_single(out, torch.ones(sum(send), dtype=dtype, device=device), recv, send)
+        elif self.op == "all_reduce":
+            dist.all_reduce(torch.ones(max(1, self.counts[0][0]), dtype=dtype, device=device))
+        else:
+            chunks = [int(c) for c in self.counts[0]]
+            full = [torch.ones(c, dtype=dtype, device=device) for c in chunks]
+            if self.op == "reduce_scatter":
+                dist.reduce_scatter(torch.empty(chunks[rank], dtype=dtype, device=device), full)
+            else:
+                dist.all_gather(full, full[rank])
+
+
+@dataclass(frozen=True)
+class StepCommMeasurement:
+    """Per-rank time of a step's collectives, ms (index = rank): the input exchanges, the
+    forward exchanges entered after each rank's compute skew, and the backward ones."""
+
+    input_ms: tuple[float, ...]
+    fwd_ms: tuple[float, ...]
+    bwd_ms: tuple[float, ...]
+
+
+def measure_step_comm(
+    input_: Sequence[Exchange],
+    fwd: Sequence[Exchange],
+    bwd: Sequence[Exchange],
+    skews_ms: Sequence[float],
+    device: torch.device,
+    warmup: int = 2,
+    repeats: int = 5,
+) -> StepCommMeasurement:
+    """Time a step's three groups of collectives in order on every rank (medians,
+    gathered to all ranks). The forward group starts after a sleep of the rank's skew and
+    its cost excludes that sleep, as in ``measure_comm``."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if len(skews_ms) != world:
+        raise ValueError(f"need {world} skews, got {len(skews_ms)}")
+    clock = Clock(device)
+    times: list[list[float]] = [[], [], []]
+    for i in range(warmup + repeats):
+        spent = []
+        for k, group in enumerate((input_, fwd, bwd)):
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if k == 1:
+                time.sleep(skews_ms[rank] / 1e3)
+            t0 = clock.start()
+            for ex in group:
+                ex.run(device)
+            spent.append(clock.elapsed_ms(t0))
+        if i >= warmup:
+            for k in range(3):
+                times[k].append(spent[k])
+    mine = torch.tensor([Timing.of(t).median_ms for t in times], dtype=torch.float64, device=device)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    rows = torch.stack(everyone).cpu().tolist()
+    return StepCommMeasurement(*(tuple(r[k] for r in rows) for k in range(3)))

@@ -17,10 +17,11 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
+    DenseTableBatchedEmbeddingBagsCodegen,
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
-from torchrec_neuroshard.types import Shard
+from torchrec_neuroshard.types import Shard, TableSpec
 
 Lookups = tuple[torch.Tensor, torch.Tensor]
 """One table's bags for one batch: (indices int64 [N], offsets int64 [B + 1])."""
@@ -81,12 +82,14 @@ class Clock:
         return time.perf_counter()
 
     def elapsed_ms(self, start: object) -> float:
+        return self.between_ms(start, self.start())
+
+    def between_ms(self, start: object, end: object) -> float:
+        """ms from one mark (a ``start()`` value) to a later one; waits for the GPU."""
         if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record()
-            end.synchronize()
+            end.synchronize()  # type: ignore[attr-defined]
             return float(start.elapsed_time(end))  # type: ignore[attr-defined]
-        return (time.perf_counter() - start) * 1e3  # type: ignore[operator]
+        return (end - start) * 1e3  # type: ignore[operator]
 
 
 PRECISIONS = {"fp32": SparseType.FP32, "fp16": SparseType.FP16, "bf16": SparseType.BF16}
@@ -165,6 +168,51 @@ def measure_compute(
             grad = torch.ones_like(out) if grad is None else grad
             t1 = clock.start()
             out.backward(grad)
+            b = clock.elapsed_ms(t1)
+            if i >= warmup:
+                fwd.append(f)
+                bwd.append(b)
+        del kernel
+    return ComputeMeasurement(Timing.of(fwd), Timing.of(bwd))
+
+
+def measure_replicated_compute(
+    tables: Sequence[TableSpec],
+    lookups: Mapping[str, Lookups],
+    device: torch.device,
+    warmup: int = 5,
+    repeats: int = 10,
+    num_threads: int | None = 1,
+    learning_rate: float = 0.01,
+) -> ComputeMeasurement:
+    """Time data-parallel tables as DMP runs them: FBGEMM's dense (non-fused) TBE, the
+    kernel of TorchRec's data_parallel sharding, forward, then backward to a dense
+    gradient plus the SGD update of the whole table the dense optimizer does.
+
+    Args:
+        lookups: each table's bags at the local batch (a replica sees its rank's samples).
+    """
+    if not tables:
+        zero = Timing(0.0, 0.0, (0.0,))
+        return ComputeMeasurement(zero, zero)
+    with cpu_threads(num_threads if device.type == "cpu" else None):
+        kernel = DenseTableBatchedEmbeddingBagsCodegen(
+            [(t.rows, t.dim) for t in tables], use_cpu=device.type == "cpu"
+        ).to(device)
+        indices, offsets = concat_lookups([lookups[t.name] for t in tables], device)
+        grad = torch.ones((offsets.numel() - 1) // len(tables), sum(t.dim for t in tables), device=device)
+        clock = Clock(device)
+        fwd, bwd = [], []
+        for i in range(warmup + repeats):
+            t0 = clock.start()
+            out = kernel(indices, offsets)
+            f = clock.elapsed_ms(t0)
+            t1 = clock.start()
+            out.backward(grad)
+            with torch.no_grad():
+                for p in kernel.parameters():
+                    p.add_(p.grad, alpha=-learning_rate)
+                    p.grad = None
             b = clock.elapsed_ms(t1)
             if i >= warmup:
                 fwd.append(f)

@@ -1,33 +1,59 @@
-"""TorchRec's own planner on a ``Task``: the baseline every benchmark compares against."""
+"""TorchRec's own planner on a ``Task``: the baseline every benchmark compares against.
+
+Configured as TorchRec documents it:
+
+- ``batch_size`` is the PER-RANK batch (``EmbeddingShardingPlanner``'s estimators multiply
+  it by the world size for table-wise shards and use it as is for data-parallel ones).
+  Our ``Task.batch_size`` is the global batch, so TorchRec gets ``task.batch_size // D``.
+- each table's pooling factor is a ``ParameterConstraints(pooling_factors=[...])``;
+- the task's memory cap is the topology's per-rank memory (``hbm_cap`` on cuda,
+  ``ddr_cap`` on cpu), with no storage reservation, so it gets the memory NeuroShard's
+  search gets. The cap is never raised: when TorchRec finds no plan under it, that is its
+  result (``PlannerError``); ``default_memory=True`` plans at TorchRec's default topology
+  memory instead, to show what it would have done.
+"""
 
 from __future__ import annotations
 
-from torchrec_neuroshard.types import Task
+from typing import TYPE_CHECKING
+
+from torchrec_neuroshard.types import ShardingError, Task
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torchrec.distributed.types import ShardingPlan
 
 
-def torchrec_plan(task: Task, device_type: str = "cpu", neural: object | None = None, max_headroom: float = 4.0):
+def per_rank_batch(task: Task) -> int:
+    """The batch one rank feeds its model: what TorchRec's planner calls ``batch_size``."""
+    if task.batch_size % task.num_devices:
+        raise ShardingError(
+            f"global batch {task.batch_size} does not split evenly over {task.num_devices} "
+            f"ranks; use a multiple of {task.num_devices}"
+        )
+    return task.batch_size // task.num_devices
+
+
+def torchrec_plan(
+    task: Task,
+    device_type: str = "cpu",
+    neural: object | None = None,
+    module: nn.Module | None = None,
+    default_memory: bool = False,
+) -> ShardingPlan:
     """TorchRec's ``EmbeddingShardingPlanner`` on the task: its analytic perf estimator, or
     with ``neural`` (a NeuralCostModel) our ``NeuralPerfEstimator`` and ``NeuralPerfModel``
-    plugged into it. Returns a TorchRec ShardingPlan.
+    plugged into it.
 
-    Both planners get the same memory: the task's cap per rank with no storage reservation.
-    TorchRec's storage model also counts input/output buffers, which at small sizes can
-    exceed the weights; when it finds no plan, its cap is raised stepwise (x1.25 up to
-    ``max_headroom``) and the plan must still fit the task's cap on weights to be measured.
+    Args:
+        device_type: the topology's compute device, "cpu" or "cuda".
+        module: the model to plan (its EBCs hold the task's tables); default one
+            EmbeddingBagCollection of the task's tables on the meta device.
+        default_memory: plan at the topology's default memory instead of the task's cap.
+
+    Returns a TorchRec ShardingPlan keyed by ``module``'s EBC paths. Raises TorchRec's
+    ``PlannerError`` when it finds no plan.
     """
-    from torchrec.distributed.planner.types import PlannerError
-
-    cap_scale = 1.0
-    while True:
-        try:
-            return _torchrec_plan(task, device_type, neural, int(task.memory_cap_bytes * cap_scale))
-        except PlannerError:
-            cap_scale *= 1.25
-            if cap_scale > max_headroom:
-                raise
-
-
-def _torchrec_plan(task: Task, device_type: str, neural: object | None, cap: int):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -36,7 +62,8 @@ def _torchrec_plan(task: Task, device_type: str, neural: object | None, cap: int
 
     from torchrec_neuroshard.tables import module_for_tables
 
-    mem = {"hbm_cap": cap} if device_type == "cuda" else {"ddr_cap": cap}
+    batch = per_rank_batch(task)
+    mem = {} if default_memory else {"hbm_cap" if device_type == "cuda" else "ddr_cap": task.memory_cap_bytes}
     topology = Topology(
         world_size=task.num_devices, compute_device=device_type, local_world_size=task.num_devices, **mem
     )
@@ -48,20 +75,20 @@ def _torchrec_plan(task: Task, device_type: str, neural: object | None, cap: int
         hists = {t.name: t.access_hist for t in task.tables}
         enumerator = EmbeddingEnumerator(
             topology=topology,
-            batch_size=task.batch_size,
+            batch_size=batch,
             constraints=constraints,
             estimator=[
-                NeuralPerfEstimator(topology, constraints, neural, task.batch_size, hists),
+                NeuralPerfEstimator(topology, constraints, neural, batch, hists),
                 EmbeddingStorageEstimator(topology=topology, constraints=constraints),
             ],
         )
-        performance_model = NeuralPerfModel(topology, neural, task.batch_size, hists)
+        performance_model = NeuralPerfModel(topology, neural, batch, hists)
     planner = EmbeddingShardingPlanner(
         topology=topology,
-        batch_size=task.batch_size,
+        batch_size=batch,
         constraints=constraints,
         enumerator=enumerator,
         performance_model=performance_model,
         storage_reservation=FixedPercentageStorageReservation(0.0),
     )
-    return planner.plan(module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])
+    return planner.plan(module if module is not None else module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])

@@ -1,0 +1,483 @@
+"""The training step is the judge: step time of a model sharded by each planner under DMP.
+
+    python -m benchmarks.dmp_step --tables 24 40 --pool-seed 0       # generated tasks
+    python -m benchmarks.dmp_step --task my_task.json                  # a task file
+    python -m benchmarks.dmp_step --quick                              # 2 small tasks, few steps
+    neuroshard bench dmp_step ...                                      # the same
+
+For every task, every planner (NeuroShard, TorchRec's planner as its docs say, the five
+heuristics) plans ONCE, in this process, a model of the task's tables at their own widths:
+one or more EmbeddingBagCollections -> pooled embeddings concatenated in table order -> a
+small MLP -> BCE loss. Each plan shards its own copy of the model with
+``DistributedModelParallel`` on D spawned ranks (gloo on CPUs, NCCL on GPUs, chosen by
+``lab.launch.default_device``; one torch thread per rank). The embeddings train with the
+fused optimizer (EXACT_SGD in the backward, ``fused_params``), the dense part (and
+data-parallel tables) with SGD. Batches are real KJTs from ``lab.workloads.lookups_for``
+per table (the synthetic access model), the global batch ``task.batch_size`` split over
+the ranks. Training steps run interleaved across plans (A B C, B C A, ...) so drift hits
+all alike.
+
+Reported per plan (JSON lines + a markdown table under benchmarks/results/):
+
+- step time: per step, the time from leaving a barrier to the end of the optimizer step
+  on each rank; the slowest rank's is the step's time. Median over steps, and its IQR.
+- embedding share: on the slowest rank, the time in the sharded embeddings over the step.
+  An identity autograd marker on the concatenated pooled embeddings splits the step: the
+  sharded forward is barrier -> pooled embeddings ready (KJT input all-to-all, lookups,
+  pooled all-to-all); the sharded backward is gradient-reaches-the-embeddings -> end of
+  ``loss.backward()`` (gradient all-to-all, fused backward + update, and the wait for the
+  dense/data-parallel gradient all-reduce DDP overlaps with it). Dense forward, loss,
+  dense backward and the dense SGD step are the rest.
+- CPU time: per step, the largest process CPU time of a rank (its gloo threads included),
+  a measure of the busiest rank's work that other processes on a shared machine do not
+  inflate (CPU runs only; the wall step time is the one that counts).
+
+On a 2-core machine run 2 ranks: more ranks than cores measures contention, not the plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchrec_neuroshard.heuristics import BASELINES
+from torchrec_neuroshard.lab.launch import default_device, spawn
+from torchrec_neuroshard.lab.measure_compute import Clock, Lookups, Timing
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, lookups_for, synthetic_pool
+from torchrec_neuroshard.types import ShardingError, Task
+
+HERE = Path(__file__).parent
+PLANNERS = ("neuroshard", "torchrec", *BASELINES)
+LENGTHS_DTYPE = torch.int32
+"""KJT lengths as TorchRec's own data loaders produce them; indices are int64."""
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How each plan's model is built and trained."""
+
+    steps: int = 20
+    warmup: int = 3
+    batches: int = 2
+    """distinct global batches, cycled."""
+    num_ebcs: int = 2
+    """tables are dealt round-robin into this many EmbeddingBagCollections."""
+    hidden: int = 64
+    learning_rate: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batches", "num_ebcs", "hidden"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"StepConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ValueError(f"StepConfig.warmup must be >= 0, got {self.warmup}")
+
+
+class _Marker(torch.autograd.Function):
+    """Identity that appends a clock mark when the forward reaches it and when its
+    gradient arrives in the backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, clock: Clock, marks: list) -> torch.Tensor:  # type: ignore[override]
+        ctx.clock, ctx.marks = clock, marks
+        marks.append(clock.start())
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        ctx.marks.append(ctx.clock.start())
+        return grad, None, None
+
+
+def feature_groups(task: Task, config: StepConfig) -> list[list[str]]:
+    """The tables (one feature each, named as the table) of each EBC: dealt round-robin."""
+    num_ebcs = min(config.num_ebcs, len(task.tables))
+    return [[t.name for t in task.tables[i::num_ebcs]] for i in range(num_ebcs)]
+
+
+class StepModel(nn.Module):
+    """EBCs (tables dealt round-robin) -> pooled embeddings in table order -> MLP -> loss.
+
+    The EBCs are built on the meta device (DMP materialises the shards); the MLP on
+    ``device``. ``marks`` collects the marker's clock marks of the current step.
+    """
+
+    def __init__(self, task: Task, config: StepConfig, device: torch.device) -> None:
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        super().__init__()
+        self.ebcs = nn.ModuleList(
+            EmbeddingBagCollection(
+                tables=[
+                    EmbeddingBagConfig(name=n, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[n])
+                    for n, t in ((n, task.table(n)) for n in names)
+                ],
+                device=torch.device("meta"),
+            )
+            for names in feature_groups(task, config)
+        )
+        self.table_order = [t.name for t in task.tables]
+        torch.manual_seed(config.seed)
+        width = sum(t.dim for t in task.tables)
+        self.mlp = nn.Sequential(
+            nn.Linear(width, config.hidden, device=device), nn.ReLU(), nn.Linear(config.hidden, 1, device=device)
+        )
+        self.clock = Clock(device)
+        self.marks: list = []
+
+    def forward(self, kjts: list, labels: torch.Tensor) -> torch.Tensor:
+        pooled: dict[str, torch.Tensor] = {}
+        for ebc, kjt in zip(self.ebcs, kjts):
+            pooled.update(ebc(kjt).to_dict())  # the sharded EBC's output is index by key
+        x = _Marker.apply(torch.cat([pooled[n] for n in self.table_order], dim=1), self.clock, self.marks)
+        return F.binary_cross_entropy_with_logits(self.mlp(x).squeeze(1), labels)
+
+
+def sharders(config: StepConfig) -> list:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return [
+        EmbeddingBagCollectionSharder(
+            fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": config.learning_rate}
+        )
+    ]
+
+
+# ---------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class PlannedTask:
+    """Every planner's TorchRec plan of one task's ``StepModel`` (planned once, here), and
+    why a planner has none."""
+
+    task: Task
+    label: str
+    plans: dict
+    """planner name -> ShardingPlan."""
+    failures: dict
+    """planner name -> the reason it has no plan."""
+    fits_cap: dict
+    """planner name -> whether the plan's weights fit the task's memory cap."""
+
+
+def plan_task(task: Task, label: str, config: StepConfig, planners: Sequence[str] = PLANNERS) -> PlannedTask:
+    """Plan the task's ``StepModel`` with every planner. TorchRec plans the model itself
+    (its own compute kernels); the others' ``Plan``s go through ``to_torchrec``. When
+    TorchRec finds no plan within the task's cap, that is its result, and its plan at its
+    default topology memory runs as ``torchrec_default_memory``."""
+    from torchrec.distributed.planner.types import PlannerError
+
+    from benchmarks.compare import plan_task as plan_ours
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
+    from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
+
+    device_type = default_device().type
+    model = StepModel(task, config, torch.device("cpu"))
+    cost_model = load_pretrained()
+    plans, failures, fits = {}, {}, {}
+    for name in planners:
+        try:
+            if name == "torchrec":
+                try:
+                    plans[name] = torchrec_plan(task, device_type, module=model)
+                except PlannerError as e:
+                    failures[name] = f"no plan within the task's memory cap: {str(e).splitlines()[0]}"
+                    plans["torchrec_default_memory"] = torchrec_plan(task, device_type, module=model, default_memory=True)
+            else:
+                plans[name] = to_torchrec(plan_ours(name, task, cost_model), model, device_type)
+        except (ShardingError, PlannerError) as e:
+            failures[name] = f"{type(e).__name__}: {e}"
+    for name, plan in plans.items():
+        try:
+            from_torchrec(plan, task.num_devices).validate(task)
+            fits[name] = True
+        except ShardingError:
+            fits[name] = False
+    return PlannedTask(task, label, plans, failures, fits)
+
+
+def task_bags(task: Task, config: StepConfig) -> list[list[Lookups]]:
+    """``config.batches`` global batches: each table's bags (indices, offsets)."""
+    return [
+        [lookups_for(t, task.batch_size, config.seed + 1000 * b + i) for i, t in enumerate(task.tables)]
+        for b in range(config.batches)
+    ]
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def _local_batch(task: Task, config: StepConfig, bags: list[Lookups], rank: int, world: int, device: torch.device, seed: int):
+    """This rank's slice of a global batch: one KJT per EBC, and random labels."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    local = task.batch_size // world
+    by_name = {t.name: b for t, b in zip(task.tables, bags)}
+    kjts = []
+    for names in feature_groups(task, config):
+        values, lengths = [], []
+        for n in names:
+            idx, off = by_name[n]
+            lo, hi = int(off[rank * local]), int(off[(rank + 1) * local])
+            values.append(idx[lo:hi])
+            lengths.append(off[rank * local + 1 : (rank + 1) * local + 1] - off[rank * local : (rank + 1) * local])
+        kjts.append(
+            KeyedJaggedTensor.from_lengths_sync(
+                keys=names, values=torch.cat(values), lengths=torch.cat(lengths).to(LENGTHS_DTYPE)
+            ).to(device)
+        )
+    g = torch.Generator().manual_seed(seed)
+    return kjts, torch.randint(0, 2, (local,), generator=g).float().to(device)
+
+
+def _worker(rank: int, world: int, planned: PlannedTask, bags: list[list[Lookups]], config: StepConfig) -> dict:
+    """Rank body: shard every plan's model with DMP, then interleaved training steps.
+    Returns per plan the per-step (step ms, sharded forward ms, sharded backward ms, CPU ms
+    of the process, its communication threads included), or the error DMP raised."""
+    import torch.distributed as dist
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardedModule
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    logging.getLogger().setLevel(logging.ERROR)  # TorchRec's per-table notices, per rank and plan
+    device = default_device(rank)
+    task = planned.task
+    runs, out = {}, {}
+    for name, plan in planned.plans.items():
+        model = StepModel(task, config, device)
+        try:
+            dmp = DistributedModelParallel(model, device=device, plan=plan, sharders=sharders(config))
+            error = ""
+        except Exception as e:  # noqa: BLE001 - a plan DMP cannot run is a result
+            error = f"{type(e).__name__}: {str(e)[:300]}"
+        errors = [None] * world
+        dist.all_gather_object(errors, error)
+        if any(errors):
+            out[name] = {"error": next(e for e in errors if e)}
+            continue
+        dense = KeyedOptimizerWrapper(
+            dict(in_backward_optimizer_filter(dmp.named_parameters())),
+            lambda params: torch.optim.SGD(params, lr=config.learning_rate),
+        )
+        sharded = sum(isinstance(m, ShardedModule) for m in dmp.modules())
+        runs[name] = (dmp, model, dense)
+        out[name] = {"sharded_modules": sharded, "steps": []}
+    batches = [_local_batch(task, config, b, rank, world, device, config.seed + k) for k, b in enumerate(bags)]
+    names = list(runs)
+    clock = Clock(device)
+    for step in range(config.warmup + config.steps):
+        kjts, labels = batches[step % len(batches)]
+        for name in names[step % len(names):] + names[: step % len(names)]:
+            dmp, model, dense = runs[name]
+            model.marks.clear()
+            dist.barrier()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0, cpu0 = clock.start(), time.process_time()
+            loss = dmp(kjts, labels)
+            loss.backward()
+            t_bwd = clock.start()
+            dense.step()
+            dense.zero_grad()
+            t_end, cpu = clock.start(), (time.process_time() - cpu0) * 1e3
+            fwd_mark, bwd_mark = model.marks
+            if step >= config.warmup:
+                out[name]["steps"].append(
+                    (clock.between_ms(t0, t_end), clock.between_ms(t0, fwd_mark), clock.between_ms(bwd_mark, t_bwd), cpu)
+                )
+    runs.clear()
+    dist.barrier()
+    return out
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One plan's training step, from every rank's per-step timings."""
+
+    step: Timing
+    """per step, the slowest rank's step time (ms)."""
+    embedding_ms: float
+    """median over steps of the slowest rank's time in the sharded embeddings."""
+    embedding_share: float
+    """median over steps of that time over the step time."""
+    cpu: Timing
+    """per step, the largest CPU time of a rank's process (ms): the work of the busiest
+    rank, blind to time the OS gave other processes (meaningless on a GPU)."""
+
+    @staticmethod
+    def of(per_rank: Sequence[Sequence[tuple[float, float, float, float]]]) -> "StepResult":
+        steps = list(zip(*per_rank))
+        slowest = [max(s, key=lambda r: r[0]) for s in steps]
+        emb = [f + b for _, f, b, _ in slowest]
+        return StepResult(
+            Timing.of([s[0] for s in slowest]),
+            statistics.median(emb),
+            statistics.median(e / s[0] for e, s in zip(emb, slowest)),
+            Timing.of([max(r[3] for r in s) for s in steps]),
+        )
+
+
+def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
+    """Run every plan of ``planned`` under DMP on D ranks; one report row per planner."""
+    from torchrec_neuroshard.sharding import from_torchrec
+
+    task = planned.task
+    per_rank = spawn(_worker, task.num_devices, planned, task_bags(task, config), config) if planned.plans else []
+    rows = []
+    base = {"task": planned.label, "tables": len(task.tables), "devices": task.num_devices, "batch_size": task.batch_size}
+    for name, reason in planned.failures.items():
+        rows.append({**base, "planner": name, "status": f"invalid: {reason}"})
+    for name, plan in planned.plans.items():
+        ours = from_torchrec(plan, task.num_devices)
+        row = {
+            **base,
+            "planner": name,
+            "fits_cap": planned.fits_cap[name],
+            "splits": sum(len(p.widths) > 1 for p in ours.placements),
+            "data_parallel": len(ours.data_parallel),
+            "plan": ours.to_dict(),
+        }
+        results = [r[name] for r in per_rank]
+        if "error" in results[0]:
+            row["status"] = f"failed under DMP: {results[0]['error']}"
+        else:
+            m = StepResult.of([r["steps"] for r in results])
+            row.update(
+                status="ok",
+                sharded_modules=results[0]["sharded_modules"],
+                steps=len(results[0]["steps"]),
+                step_ms=m.step.median_ms,
+                step_iqr_ms=m.step.iqr_ms,
+                embedding_ms=m.embedding_ms,
+                embedding_share=m.embedding_share,
+                step_cpu_ms=m.cpu.median_ms,
+                step_cpu_iqr_ms=m.cpu.iqr_ms,
+            )
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------- tasks and report
+
+
+def generated_tasks(tables: Sequence[int], pool_seeds: Sequence[int], devices: int, scale: WorkloadScale) -> list[tuple[Task, str]]:
+    """A task per (pool seed, table count) from ``generate_task`` (task seed = table count)."""
+    out = []
+    for ps in pool_seeds:
+        pool = synthetic_pool(seed=ps)
+        for t in tables:
+            out.append((generate_task(pool, t, devices, scale, seed=t), f"T{t}_D{devices}_pool{ps}"))
+    return out
+
+
+def report(rows: Sequence[dict]) -> str:
+    """Markdown: per task, every planner's step time, IQR, embedding share, ratio to TorchRec."""
+    lines = [
+        "| task | planner | step ms (median) | IQR ms | embedding ms | embedding share | step CPU ms | / TorchRec | status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label in dict.fromkeys(r["task"] for r in rows):
+        task_rows = [r for r in rows if r["task"] == label]
+        tr = next((r for r in task_rows if r["planner"] == "torchrec" and r["status"] == "ok"), None)
+        for r in task_rows:
+            if r["status"] != "ok":
+                lines.append(f"| {label} | {r['planner']} | | | | | | | {r['status'][:120]} |")
+                continue
+            ratio = f"{r['step_ms'] / tr['step_ms']:.3f}" if tr else ""
+            cap = "" if r["fits_cap"] else " (over the task's cap)"
+            lines.append(
+                f"| {label} | {r['planner']} | {r['step_ms']:.1f} | {r['step_iqr_ms']:.1f} | {r['embedding_ms']:.1f} | "
+                f"{100 * r['embedding_share']:.0f}% | {r['step_cpu_ms']:.1f} | {ratio} | ok{cap} |"
+            )
+    return "\n".join(lines)
+
+
+def run(
+    tasks: Sequence[tuple[Task, str]],
+    config: StepConfig,
+    planners: Sequence[str] = PLANNERS,
+    out: Path | None = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Plan and measure every task; append the rows to ``out`` (JSON lines) if given."""
+    from tqdm import tqdm
+
+    rows = []
+    for task, label in tqdm(tasks, desc="dmp_step tasks", disable=not progress):
+        task_rows = measure_task(plan_task(task, label, config, planners), config)
+        rows.extend(task_rows)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with open(out, "a") as f:
+                for r in task_rows:
+                    f.write(json.dumps({**r, "config": asdict(config)}) + "\n")
+    return rows
+
+
+QUICK_SCALE = WorkloadScale(row_divisor=1024, batch_size=512)
+QUICK_CONFIG = StepConfig(steps=3, warmup=1, batches=1)
+QUICK_TABLES = (6, 10)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", type=Path, nargs="*", default=[], help="task JSON files")
+    p.add_argument("--tables", type=int, nargs="*", default=[24], help="generated tasks: table counts")
+    p.add_argument("--pool-seed", type=int, nargs="*", default=[0], help="generated tasks: pool seeds")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--row-divisor", type=int, default=WorkloadScale().row_divisor)
+    p.add_argument("--batch-size", type=int, default=WorkloadScale().batch_size, help="global batch")
+    p.add_argument("--steps", type=int, default=StepConfig().steps)
+    p.add_argument("--warmup", type=int, default=StepConfig().warmup)
+    p.add_argument("--planners", default=",".join(PLANNERS))
+    p.add_argument("--quick", action="store_true", help="2 small tasks, few steps (the smoke test)")
+    p.add_argument("--out", type=Path, default=HERE / "results", help="directory for dmp_step.jsonl / .md")
+    args = p.parse_args(argv)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)  # its topology notice, once per plan
+    planners = args.planners.split(",")
+    unknown = sorted(set(planners) - set(PLANNERS))
+    if unknown:
+        p.error(f"unknown planners {unknown}; choose from {list(PLANNERS)}")
+    if args.quick:
+        config = QUICK_CONFIG
+        tasks = generated_tasks(QUICK_TABLES, [0], args.devices, QUICK_SCALE)
+    else:
+        config = StepConfig(steps=args.steps, warmup=args.warmup)
+        scale = WorkloadScale(args.row_divisor, args.batch_size)
+        tasks = [(Task.load(path), path.stem) for path in args.task]
+        if not args.task:
+            tasks = generated_tasks(args.tables, args.pool_seed, args.devices, scale)
+    name = "dmp_step_quick" if args.quick else "dmp_step"
+    rows = run(tasks, config, planners, args.out / f"{name}.jsonl")
+    device = default_device()
+    text = (
+        f"# Training step time under DistributedModelParallel\n\n"
+        f"Date: {datetime.date.today()}. {args.devices} ranks ({device.type}), one torch thread each; "
+        f"{config.steps} timed steps after {config.warmup} warm-up, interleaved across plans; "
+        f"`python -m benchmarks.dmp_step {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
+        f"{report(rows)}\n"
+    )
+    (args.out / f"{name}.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The compute part of every planner's plan, MEASURED device by device on one GPU.
+
+    python -m benchmarks.gpu_compute prepare            # here: tasks + plans (needs torchrec)
+    python -m benchmarks.gpu_compute measure --out DIR  # on the GPU (torch + fbgemm-gpu only)
+    python -m benchmarks.gpu_compute report             # the table, from the measured rows
+
+One GPU cannot run a D-GPU step, but it can run each device's kernels of a D-GPU plan one
+after the other, as the prototype's evaluator did: that is the compute half of the
+evaluator, on the hardware the H200 cost model was trained on. The tasks are the synthetic
+pool's at FULL size (rows as in the pool, global batch 65,536), T tables on D GPUs of one
+host; every planner plans every task here (NeuroShard with the shipped H200 compute model
+and the alpha-beta comm stand-in, TorchRec's planner at its per-rank batch on a cuda
+topology with the task's HBM, the five heuristics) and the plans travel to the GPU.
+
+Per device, the evaluator's compute half (``lab.evaluate``): one fused TBE per lookup group
+(sharding kind) over the global batch, a row block over the indices in its rows, and the
+data-parallel tables' dense kernel at the local batch. A device's compute is the sum of
+its kernels' forward+backward medians; a plan's is the max over devices. Communication is
+NOT in these figures (one GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from torchrec_neuroshard.heuristics import BASELINES
+from torchrec_neuroshard.types import Plan, Task
+
+HERE = Path(__file__).parent
+PLANS = HERE / "results" / "gpu_plans.json"
+MEASURED = HERE / "results" / "gpu_compute.jsonl"
+SIZES = ((20, 4), (40, 4), (40, 8), (60, 8))
+SEEDS = (0, 1)
+PLANNERS = ("neuroshard", "torchrec", *BASELINES)
+
+
+# ---------------------------------------------------------------- here: plan
+
+
+def prepare(path: Path = PLANS, scale: object = None, sizes: tuple[tuple[int, int], ...] = SIZES) -> None:
+    """Plan every task with every planner; ``scale`` (default full size) and ``sizes``
+    only change for a quick check on a CPU."""
+    from benchmarks.fullsize import FULL_SIZE, plan_with, topology_for
+    from torchrec_neuroshard.costmodel import cost_model_for
+    from torchrec_neuroshard.lab.workloads import generate_task, synthetic_pool
+    from torchrec_neuroshard.search import predicted_breakdown
+
+    pool = synthetic_pool()
+    out = []
+    for tables, devices in sizes:
+        for seed in SEEDS:
+            task = generate_task(pool, tables, devices, scale or FULL_SIZE, seed=100 + seed)
+            model = cost_model_for(topology_for(task)).with_batch_size(task.batch_size)
+            entry = {"task": json.loads(task.to_json()), "plans": {}, "predicted_compute_ms": {}, "errors": {}}
+            for name in PLANNERS:
+                try:
+                    plan, _ = plan_with(name, task, model, torchrec_limit=120)
+                except Exception as e:  # noqa: BLE001 - a baseline that fails is reported, not hidden
+                    entry["errors"][name] = f"{type(e).__name__}: {e}"
+                    continue
+                _, per_device = predicted_breakdown(model, task, plan)
+                entry["plans"][name] = plan.to_dict()
+                entry["predicted_compute_ms"][name] = [d.fwd_compute + d.bwd_compute for d in per_device]
+            out.append(entry)
+            print(f"T={tables} D={devices} seed {seed}: planned {sorted(entry['plans'])}, failed {sorted(entry['errors'])}")
+    path.write_text(json.dumps(out))
+    print(f"wrote {path}")
+
+
+# ---------------------------------------------------------------- on the GPU: measure
+
+
+def measure(out_dir: Path, path: Path = PLANS, deadline_s: float = 300.0, repeats: int = 10) -> None:
+    from torchrec_neuroshard.hardware import local_hardware
+    from torchrec_neuroshard.lab.evaluate import _measure_compute_round, lookup_groups, task_lookups
+    from torchrec_neuroshard.lab.launch import default_device
+
+    device = default_device()
+    name = local_hardware(device.type).name
+    t0 = time.perf_counter()
+    entries = json.loads(path.read_text())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "gpu_compute.jsonl", "a") as f:
+        for i, entry in enumerate(entries):
+            task = Task.from_json(json.dumps(entry["task"]))
+            lookups = task_lookups(task)
+            plans = {k: Plan.from_dict(v) for k, v in entry["plans"].items()}
+            for k, plan in plans.items():  # the evaluator's compute half: every device's kernels
+                groups, replicated = lookup_groups(task, plan, [[t.name for t in task.tables]])
+                per_device = _measure_compute_round(task, groups, replicated, lookups, device, 3, repeats)
+                row = {"task": i, "tables": len(task.tables), "devices": task.num_devices, "planner": k,
+                       "measured_ms": [fwd + bwd for fwd, bwd in per_device],
+                       "predicted_ms": entry["predicted_compute_ms"][k], "gpu": name, "torch": torch.__version__}
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                if time.perf_counter() - t0 > deadline_s:
+                    print(f"deadline reached in task {i} after {k}; stopping", flush=True)
+                    return
+            print(f"task {i} (T={len(task.tables)}, D={task.num_devices}) measured, {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+# ---------------------------------------------------------------- here: report
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def report(path: Path = MEASURED) -> str:
+    from scipy.stats import spearmanr
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    gpu = rows[0]["gpu"]
+    by_task: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        by_task.setdefault(r["task"], {})[r["planner"]] = r
+    names = [n for n in PLANNERS if any(n in t for t in by_task.values())]
+    lines = [
+        f"Compute part of each plan, MEASURED on one {gpu} (max over devices of the device's fused-kernel "
+        "forward+backward, ms; communication not included). Ratio to TorchRec's plan, per task:",
+        "",
+        "| task | T | D | " + " | ".join(names) + " |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
+    ratios: dict[str, list[float]] = {n: [] for n in names}
+    best_heuristic_wins = 0
+    device_pred, device_meas = [], []
+    for i, t in sorted(by_task.items()):
+        any_row = next(iter(t.values()))
+        ref = max(t["torchrec"]["measured_ms"]) if "torchrec" in t else None
+        cells = []
+        for n in names:
+            if n not in t:
+                cells.append("failed")
+                continue
+            m = max(t[n]["measured_ms"])
+            device_pred += t[n]["predicted_ms"]
+            device_meas += t[n]["measured_ms"]
+            if ref:
+                ratios[n].append(m / ref)
+            cells.append(f"{m:.2f}" + (f" ({m / ref:.3f})" if ref else ""))
+        if "neuroshard" in t and all(max(t["neuroshard"]["measured_ms"]) <= max(t[h]["measured_ms"]) for h in BASELINES if h in t):
+            best_heuristic_wins += 1
+        lines.append(f"| {i} | {any_row['tables']} | {any_row['devices']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Geometric mean of measured compute / TorchRec's: "
+        + ", ".join(f"{n} {_geomean(v):.3f}" for n, v in ratios.items() if v),
+        f"NeuroShard's compute part at or below every heuristic's on {best_heuristic_wins} of {len(by_task)} tasks.",
+    ]
+    pairs = [(p, m) for p, m in zip(device_pred, device_meas) if m > 0]
+    if pairs:
+        mape = statistics.fmean(abs(p - m) / m for p, m in pairs)
+        rho = spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic
+        lines.append(
+            f"H200 compute model vs these devices (column shards only; row blocks and replicas are not priced): "
+            f"MAPE {100 * mape:.1f}%, Spearman {rho:.3f} over {len(pairs)} devices."
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["prepare", "measure", "report"])
+    p.add_argument("--out", type=Path, default=HERE / "results", help="measure: folder for gpu_compute.jsonl")
+    p.add_argument("--deadline-s", type=float, default=300.0)
+    args = p.parse_args(argv)
+    if args.step == "prepare":
+        prepare()
+    elif args.step == "measure":
+        measure(args.out, deadline_s=args.deadline_s)
+    else:
+        text = report()
+        print(text)
+        (HERE / "results" / "gpu_compute.md").write_text(text + "\n\nReproduce: `python -m benchmarks.gpu_compute report` "
+                                                          "(measured with `... measure` on the GPU after `... prepare`).\n")
+
+
+if __name__ == "__main__":
+    main()
