@@ -55,15 +55,10 @@ def two_tower(seed: int = 0) -> TwoTowerLike:
 
 
 def random_kjt(model: nn.Module, batch: int, seed: int, rows: int = 40) -> KeyedJaggedTensor:
-    from torchrec_neuroshard.tables import find_embedding_bag_collections
+    from torchrec_neuroshard.tables import module_tables
 
     g = torch.Generator().manual_seed(seed)
-    keys = [
-        f
-        for ebc in find_embedding_bag_collections(model).values()
-        for c in ebc.embedding_bag_configs()
-        for f in c.feature_names
-    ]
+    keys = [f for t in module_tables(model, batch_size=1) for f in t.spec.feature_names]
     lengths = torch.randint(0, 4, (len(keys) * batch,), generator=g)
     values = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
@@ -206,3 +201,92 @@ def shard_with_helper(rank: int, world_size: int) -> list[str]:
     out = out.wait() if hasattr(out, "wait") else out
     sum(v.sum() for v in out.values()).backward()
     return sorted(out)
+
+
+class MixedModules(nn.Module):
+    """Every embedding module kind a TorchRec user brings: an EBC, an EC (sequence), a
+    feature-processed EBC (position weights) and a managed-collision EBC."""
+
+    def __init__(self, device: torch.device = torch.device("cpu")) -> None:
+        from torchrec.modules.embedding_configs import EmbeddingConfig
+        from torchrec.modules.embedding_modules import EmbeddingCollection
+        from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+        from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+        from torchrec.modules.mc_embedding_modules import ManagedCollisionEmbeddingBagCollection
+        from torchrec.modules.mc_modules import LFU_EvictionPolicy, ManagedCollisionCollection, MCHManagedCollisionModule
+
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=configs({"bag": 32}), device=device)
+        self.ec = EmbeddingCollection(
+            tables=[EmbeddingConfig(name="seq", embedding_dim=16, num_embeddings=40, feature_names=["f_seq"])], device=device
+        )
+        weighted = [EmbeddingBagConfig(name="pos", embedding_dim=16, num_embeddings=40, feature_names=["f_pos"])]
+        self.fp = FeatureProcessedEmbeddingBagCollection(
+            EmbeddingBagCollection(tables=weighted, is_weighted=True, device=device),
+            PositionWeightedModuleCollection({"f_pos": 8}, device=device),
+        )
+        mc_tables = configs({"mc": 8})
+        self.mc = ManagedCollisionEmbeddingBagCollection(
+            EmbeddingBagCollection(tables=mc_tables, device=device),
+            ManagedCollisionCollection(
+                {"mc": MCHManagedCollisionModule(zch_size=40, device=device, eviction_policy=LFU_EvictionPolicy(), eviction_interval=1, input_hash_size=1000, buckets=2)},
+                mc_tables,
+            ),
+        )
+
+    def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
+        out = {}
+        for kt in (self.ebc(kjt), self.fp(kjt), self.mc(kjt)[0]):
+            out.update(kt.to_dict())
+        out.update({k: jt.values() for k, jt in self.ec(kjt).items()})
+        return out
+
+
+def mixed_kjt(batch: int, seed: int) -> KeyedJaggedTensor:
+    g = torch.Generator().manual_seed(seed)
+    keys = ["f_bag", "f_seq", "f_pos", "f_mc"]
+    lengths = torch.randint(1, 4, (len(keys) * batch,), generator=g)
+    values = torch.randint(0, 40, (int(lengths.sum()),), generator=g)
+    return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+
+
+def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str) -> dict:
+    """Worker: plan ``MixedModules`` with NeuroShard's or TorchRec's planner, shard it with
+    DMP, compare every output with the unsharded model's on this rank's samples."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from torchrec_neuroshard.planner import NeuroShardPlanner
+
+    torch.manual_seed(0)
+    reference = MixedModules()
+    torch.manual_seed(0)
+    model = MixedModules()
+    topology = Topology(world_size=world_size, compute_device="cpu", ddr_cap=64 * 2**20, local_world_size=world_size)
+    planner_cls = NeuroShardPlanner if planner_name == "neuroshard" else EmbeddingShardingPlanner
+    planner = planner_cls(topology=topology, batch_size=8)
+    # TorchRec shards managed-collision collections on CUDA only: on CPU it stays whole
+    sharders = [s for s in get_default_sharders() if "ManagedCollision" not in type(s).__name__]
+    plan = planner.collective_plan(model, sharders)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    copy_into_sharded(dmp, reference)
+    kjt = mixed_kjt(8 * world_size, seed=5)
+    want = reference(kjt)
+    local = random_kjt_slice(kjt, rank, world_size)
+    # managed collision remaps ids by what it has seen: its unsharded twin sees this rank's samples
+    torch.manual_seed(0)
+    want["f_mc"] = torch.cat([torch.zeros(rank * 8, 8), MixedModules()(local)["f_mc"]])
+    got = dmp(local)
+    got = got.wait() if hasattr(got, "wait") else got
+    lo, hi = rank * 8, (rank + 1) * 8
+    errors = {}
+    for k, w in want.items():
+        if k == "f_seq":  # sequence values: this rank's samples' lookups
+            off = kjt["f_seq"].offsets()
+            w = w[int(off[lo]) : int(off[hi])]
+        else:
+            w = w[lo:hi]
+        errors[k] = float((got[k] - w).abs().max())
+    types = {name: ps.sharding_type for mp in plan.plan.values() for name, ps in mp.items()}
+    return {"paths": sorted(plan.plan), "errors": errors, "types": types}

@@ -198,3 +198,44 @@ def test_batch_size_is_the_per_rank_batch_as_in_torchrecs_planner() -> None:
     assert x_tw.shards[0].perf.bwd_compute == pytest.approx(want_bwd, rel=1e-4)
     # and TorchRec's planner itself accepts the same argument
     EmbeddingShardingPlanner(topology=topo, batch_size=per_rank, constraints=cons).plan(model, SHARDERS)
+
+
+@pytest.mark.parametrize("planner_name", ["neuroshard", "torchrec"])
+def test_every_embedding_module_kind_is_planned_and_matches_the_unsharded_model(planner_name: str) -> None:
+    """An EBC, an EC, a feature-processed EBC and a managed-collision EBC (its sharder has
+    no CPU sharding: without it, both planners shard its inner EBC as a plain EBC), under
+    NeuroShard's plan and under TorchRec's: every output equals the unsharded model's, so
+    the two plans' outputs agree too."""
+    from tests.models import plan_mixed_and_compare
+
+    results = spawn(plan_mixed_and_compare, 2, planner_name)
+    for r in results:
+        assert sorted(r["errors"]) == ["f_bag", "f_mc", "f_pos", "f_seq"]
+        assert max(r["errors"].values()) < 1e-5, r["errors"]
+        assert r["paths"] == ["ebc", "ec", "fp", "mc._embedding_module"]
+
+
+def test_a_module_its_sharder_cannot_shard_here_is_a_clear_error() -> None:
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from tests.models import MixedModules
+
+    with pytest.raises(ShardingError, match=r"module 'mc' \(ManagedCollisionEmbeddingBagCollection\): .* offers no sharding type on cpu"):
+        NeuroShardPlanner(topology()).plan(MixedModules(), get_default_sharders())
+
+
+def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    def model(dtype: DataType) -> torch.nn.Module:
+        return EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name="h", embedding_dim=16, num_embeddings=100, feature_names=["f"], data_type=dtype)],
+            device=torch.device("meta"),
+        )
+
+    # the shipped CPU model was trained on fp32 kernels only: fp16 is refused, not mispredicted
+    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model was trained on \[4\]-byte"):
+        NeuroShardPlanner(topology()).plan(model(DataType.FP16), SHARDERS)
+    with pytest.raises(ShardingError, match=r"table 'h' \(module ''\) has BF16 weights"):
+        NeuroShardPlanner(topology()).plan(model(DataType.BF16), SHARDERS)

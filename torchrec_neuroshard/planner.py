@@ -24,7 +24,7 @@ from torchrec_neuroshard.costmodel import NeuralCostModel, cost_model_for, kerne
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats
-from torchrec_neuroshard.tables import module_tables
+from torchrec_neuroshard.tables import module_tables, shardable_modules
 from torchrec_neuroshard.triage import SPLIT_KINDS, Triage, triage
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, Task
 
@@ -91,11 +91,12 @@ class NeuroShardPlanner(ShardingPlanner):
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """Plan every EmbeddingBagCollection in ``module`` (single process)."""
         world = self.topology.world_size
-        kinds = _ebc_sharding_types(sharders, self.topology)
-        if kinds is None:
-            logger.warning("no EmbeddingBagCollection sharder among the sharders: nothing planned, as TorchRec's planner")
+        tables = module_tables(
+            module, self._global_batch(), self.constraints, self.access_hists, sharders, self.topology.compute_device
+        )
+        if not tables:
+            logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
-        tables = module_tables(module, self._global_batch(), self.constraints, self.access_hists, kinds)
         cap = self._memory_cap()
         decided = triage(tables, world, self.topology.local_world_size, cap)
         for name, why in decided.reasons:
@@ -112,7 +113,9 @@ class NeuroShardPlanner(ShardingPlanner):
                 format_plan_stats(self.plan_, [t.spec for t in tables], self.search_result_.devices, cap, dict(decided.reasons))
                 + f"\nsearched {self.search_result_.states_evaluated} split states in {self.search_result_.seconds:.2f} s",
             )
-        return to_torchrec(self.plan_, tables, self.topology.compute_device, self.topology.local_world_size)
+        sharding_plan = to_torchrec(self.plan_, tables, self.topology.compute_device, self.topology.local_world_size)
+        _check_every_module_planned(module, sharders, sharding_plan)
+        return sharding_plan
 
     def collective_plan(
         self,
@@ -154,6 +157,20 @@ class NeuroShardPlanner(ShardingPlanner):
         )
         min_width = {t.spec.name: t.min_width if t.allowed & SPLIT_KINDS else t.spec.dim for t in decided.searched}
         model = self._cost_model()
+        seen_bytes = model.meta.get("bytes_per_element_trained", [4])
+        for t in decided.searched:
+            if t.spec.bytes_per_element not in seen_bytes:
+                raise ShardingError(
+                    f"table {t.spec.name!r} has {t.spec.bytes_per_element}-byte weights, but the cost model "
+                    f"was trained on {seen_bytes}-byte weights only: collect such kernels (`neuroshard collect "
+                    f"compute --precision fp16`) and pretrain, or plan this model with TorchRec's planner"
+                )
+        sequence = sorted(t.spec.name for t in decided.searched if not t.pooled)
+        if sequence:
+            logger.warning(
+                "tables %s are sequence (EmbeddingCollection) tables: kept whole and priced with the pooled "
+                "kernel's model (no sequence-kernel model is shipped yet)", sequence,
+            )
         result = search(task, model, self.search_config, min_width)
         crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
         if crowded:
@@ -202,15 +219,12 @@ class NeuroShardPlanner(ShardingPlanner):
         return int(cap * (1.0 - self.storage_reservation))
 
 
-def _ebc_sharding_types(sharders: Sequence[ModuleSharder[nn.Module]], topology: Topology) -> list[str] | None:
-    """The sharding types the EBC sharder among ``sharders`` offers on this device, or
-    None when there is no EBC sharder."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    for sharder in sharders:
-        if getattr(sharder, "module_type", None) is EmbeddingBagCollection:
-            return list(sharder.sharding_types(topology.compute_device))
-    return None
+def _check_every_module_planned(module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]], plan: ShardingPlan) -> None:
+    """Every module a sharder shards here, and each of its tables, is in the plan: a module
+    left out would silently stay unsharded under DMP (TorchRec checks the same)."""
+    for path, (owner, sharder) in shardable_modules(module, sharders).items():
+        if path not in plan.plan:
+            raise ShardingError(f"internal error: module {path!r} ({type(owner).__name__}) is missing from the plan")
 
 
 def _broadcast_device(pg: dist.ProcessGroup) -> torch.device:

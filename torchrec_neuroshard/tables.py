@@ -6,7 +6,7 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -24,30 +24,55 @@ DEFAULT_POOLING_FACTOR = 1.0
 @dataclass(frozen=True)
 class ModuleTable:
     """One table as the model holds it: the path of the module that owns it, its
-    ``TableSpec``, the sharding kinds its constraints and sharders allow, and the
-    narrowest column shard it may be cut into."""
+    ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, the
+    narrowest column shard it may be cut into, and whether its lookups are pooled (bags of
+    an EmbeddingBagCollection) or not (sequences of an EmbeddingCollection)."""
 
     path: str
     spec: TableSpec
     allowed: frozenset[ShardingKind]
     min_width: int
+    pooled: bool = True
 
     def __post_init__(self) -> None:
         if not self.allowed:
             raise ShardingError(f"table {self.spec.name!r} (module {self.path!r}): no sharding kind is allowed")
 
 
-def find_embedding_bag_collections(module: nn.Module) -> dict[str, nn.Module]:
-    """Every ``EmbeddingBagCollection`` in ``module``, by its attribute path ('' for the root)."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+SUPPORTED_DTYPES = {"FP32": 4, "FP16": 2}
+"""Weight dtypes a plan can hold, by TorchRec ``DataType`` name, and their bytes: the fused
+training kernel's (fbgemm-gpu trains fp32 and fp16 weights; bf16 fails in 1.6's training
+TBE, int8 and lower are inference-only). Whether the cost model has seen a dtype is
+checked when it prices it."""
 
-    found = {path: m for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)}
-    if not found:
-        raise ShardingError(
-            f"{type(module).__name__} contains no torchrec EmbeddingBagCollection: there is "
-            "nothing to shard. Pass the model that owns the embedding tables."
-        )
+
+def shardable_modules(module: nn.Module, sharders: Sequence["ModuleSharder"]) -> dict[str, tuple[nn.Module, "ModuleSharder"]]:  # noqa: F821
+    """Every module of ``module`` that one of ``sharders`` shards (matched by exact type,
+    as TorchRec matches them), by attribute path ('' for the root), in module order. A
+    module inside a matched one (an FP-EBC's inner EBC) belongs to it and is not listed."""
+    by_type = {s.module_type: s for s in sharders}
+    found: dict = {}
+    for path, m in module.named_modules():
+        if any(p == "" or path.startswith(p + ".") for p in found):
+            continue
+        sharder = by_type.get(type(m))
+        if sharder is not None:
+            found[path] = (m, sharder)
     return found
+
+
+def _configs(path: str, module: nn.Module) -> tuple[list, bool]:
+    """(embedding configs, pooled) of a shardable module: its inner collection's for the
+    feature-processed and managed-collision wrappers."""
+    inner = getattr(module, "_embedding_bag_collection", None) or getattr(module, "_embedding_module", None) or module
+    if hasattr(inner, "embedding_bag_configs"):
+        return list(inner.embedding_bag_configs()), True
+    if hasattr(inner, "embedding_configs"):
+        return list(inner.embedding_configs()), False
+    raise ShardingError(
+        f"module {path!r} ({type(module).__name__}) has a sharder but NeuroShardPlanner cannot read its "
+        "tables; plan it with TorchRec's planner, or leave its sharder out"
+    )
 
 
 def module_tables(
@@ -55,9 +80,11 @@ def module_tables(
     batch_size: int,
     constraints: Mapping[str, "ParameterConstraints"] | None = None,  # noqa: F821
     access_hists: Mapping[str, tuple[float, ...]] | None = None,
-    sharder_kinds: Iterable[str] | None = None,
+    sharders: Sequence["ModuleSharder"] | None = None,  # noqa: F821
+    compute_device: str = "cpu",
 ) -> tuple[ModuleTable, ...]:
-    """One walk of ``module``: every table of every EBC (nested, several, any path) with
+    """One walk of ``module``: every table of every module a sharder shards (EBCs, ECs,
+    feature-processed and managed-collision collections; nested, several, any path), with
     its constraints read and checked, in module order.
 
     Args:
@@ -68,21 +95,44 @@ def module_tables(
             table's features; default ``DEFAULT_POOLING_FACTOR``), ``compute_kernels``.
         access_hists: measured histograms by table name (``profile_batches``); default the
             uniform-access histogram for the table's rows and lookups.
-        sharder_kinds: the sharding types the EBC sharder offers; default every kind.
+        sharders: decide which modules are planned and with which sharding kinds (each
+            sharder's ``sharding_types(compute_device)``); default TorchRec's defaults.
     """
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
     constraints = constraints or {}
     access_hists = access_hists or {}
-    offered = frozenset(ShardingKind) if sharder_kinds is None else _kinds(sharder_kinds, "the EBC sharder")
+    modules = shardable_modules(module, get_default_sharders() if sharders is None else sharders)
+    if not modules and not any(hasattr(m, "embedding_bag_configs") or hasattr(m, "embedding_configs") for m in module.modules()):
+        raise ShardingError(
+            f"{type(module).__name__} contains no torchrec EmbeddingBagCollection or EmbeddingCollection: "
+            "there is nothing to shard. Pass the model that owns the embedding tables."
+        )
     found: list[ModuleTable] = []
     seen: dict[str, str] = {}
-    for path, ebc in find_embedding_bag_collections(module).items():
-        for config in ebc.embedding_bag_configs():
+    for path, (owner, sharder) in modules.items():
+        offered = _kinds(sharder.sharding_types(compute_device), f"the {type(sharder).__name__}")
+        if not offered:
+            raise ShardingError(
+                f"module {path!r} ({type(owner).__name__}): {type(sharder).__name__} offers no sharding type "
+                f"on {compute_device} (TorchRec's planner fails on it too); leave that sharder out of `sharders` "
+                "to keep the module unsharded (replicated), or plan on a device it supports"
+            )
+        configs, pooled = _configs(path, owner)
+        for config in configs:
             if config.name in seen:
                 raise ShardingError(
-                    f"duplicate table name {config.name!r} (in EBCs at {seen[config.name]!r} "
+                    f"duplicate table name {config.name!r} (in modules at {seen[config.name]!r} "
                     f"and {path!r}); TorchRec plans key tables by name, rename one"
                 )
             seen[config.name] = path
+            dtype = str(getattr(config.data_type, "name", config.data_type)).upper()
+            if dtype not in SUPPORTED_DTYPES:
+                raise ShardingError(
+                    f"table {config.name!r} (module {path!r}) has {dtype} weights; NeuroShardPlanner plans "
+                    f"{sorted(SUPPORTED_DTYPES)} (the fused training kernel's dtypes): use one of those, or "
+                    "plan this model with TorchRec's planner"
+                )
             c = constraints.get(config.name)
             pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
             hist = access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
@@ -92,11 +142,13 @@ def module_tables(
                 dim=config.embedding_dim,
                 pooling_factor=pf,
                 access_hist=tuple(hist),
-                bytes_per_element=_dtype_bytes(config.data_type),
+                bytes_per_element=SUPPORTED_DTYPES[dtype],
                 feature_names=tuple(config.feature_names),
             )
             allowed = offered
-            min_width = WIDTH_ALIGNMENT
+            # sequence tables are kept whole: column splits of an EmbeddingCollection are
+            # not something this planner has run under DMP
+            min_width = WIDTH_ALIGNMENT if pooled else spec.dim
             if c is not None:
                 _check_kernels(config.name, c)
                 if c.sharding_types:
@@ -107,13 +159,13 @@ def module_tables(
                             f"table {config.name!r}: min_partition {c.min_partition} must be a "
                             f"positive multiple of {WIDTH_ALIGNMENT}"
                         )
-                    min_width = int(c.min_partition)
+                    min_width = max(min_width, int(c.min_partition))
             if not allowed:
                 raise ShardingError(
                     f"table {config.name!r}: its constraints allow {list(c.sharding_types)} but the "
-                    f"sharder offers {sorted(k.value for k in offered)}; allow one of those"
+                    f"sharder of module {path!r} offers {sorted(k.value for k in offered)}; allow one of those"
                 )
-            found.append(ModuleTable(path, spec, allowed, min_width))
+            found.append(ModuleTable(path, spec, allowed, min_width, pooled))
     for name in sorted(set(constraints) - set(seen)):
         logger.warning("constraints name table %r, which the module does not have", name)
     return tuple(found)
@@ -152,13 +204,6 @@ def _check_kernels(table: str, c: "ParameterConstraints") -> None:  # noqa: F821
             "NeuroShardPlanner plans the fused kernel its cost model was trained on: "
             "allow 'fused', or plan this model with TorchRec's planner"
         )
-
-
-def _dtype_bytes(data_type: object) -> int:
-    name = str(getattr(data_type, "name", data_type)).upper()
-    return {"FP32": 4, "FP16": 2, "BF16": 2, "INT8": 1, "FP8": 1, "INT4": 1, "INT2": 1}.get(
-        name, 4
-    )
 
 
 def profile_batches(

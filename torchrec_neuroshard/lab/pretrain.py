@@ -295,6 +295,7 @@ def pretrain(
         "hardware": compute_rows[0]["hardware"],
         "batch_size": compute_rows[0]["batch_size"],
         "max_tables_per_kernel": max(len(r["shards"]) for r in compute_rows),
+        "bytes_per_element_trained": sorted({int(sh.get("bytes_per_element", 4)) for r in compute_rows for sh in r["shards"]}),
         "world_sizes_trained": [],
         "compute_config": cnet.config,
         "seed": seed,
