@@ -59,11 +59,33 @@ def test_min_partition_and_memory_split(caplog) -> None:
     widest = max(task.tables, key=lambda t: t.dim)
     cons = {t.name: ParameterConstraints(min_partition=t.dim) for t in task.tables}
     planner = NeuroShardPlanner(topology(4, task.memory_cap_bytes * 2), constraints=cons)
-    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
+    # the table goes where TorchRec's planner logs its EmbeddingStats
+    with caplog.at_level(logging.INFO, logger="torchrec.distributed.planner.stats"):
         plan = planner.plan(module, SHARDERS)
     assert all(ps.sharding_type == "table_wise" for ps in plan.plan[""].values())
-    assert "predicted embedding cost" in caplog.text and "rank" in caplog.text
+    assert "predicted embedding cost" in caplog.text and "Rank" in caplog.text and "DDR (GB)" in caplog.text
     assert widest.name in caplog.text
+
+
+def test_constructor_takes_torchrecs_keywords(caplog) -> None:
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation, HeuristicalStorageReservation
+
+    task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=5)
+    module = module_for_tables(task.tables)
+    quiet = NeuroShardPlanner(
+        topology=topology(2, task.memory_cap_bytes * 2), batch_size=512, constraints={},
+        storage_reservation=HeuristicalStorageReservation(percentage=0.15), debug=False, stats=None,
+    )
+    with caplog.at_level(logging.INFO, logger="torchrec.distributed.planner.stats"):
+        quiet.plan(module, SHARDERS)
+    assert "predicted embedding cost" not in caplog.text  # debug off: DEBUG level only
+    # a StorageReservation object reserves as in TorchRec's planner (its percentage applies to HBM)
+    gpus = Topology(world_size=2, compute_device="cuda", hbm_cap=1000, local_world_size=2)
+    assert NeuroShardPlanner(gpus, storage_reservation=FixedPercentageStorageReservation(0.5))._memory_cap(module, SHARDERS) == 500
+    with pytest.raises(ShardingError, match=r"storage_reservation=1.5: give a fraction in \[0, 1\)"):
+        NeuroShardPlanner(topology(), storage_reservation=1.5).plan(two_tower(), SHARDERS)
+    with pytest.raises(ShardingError, match="TorchRec Stats objects read TorchRec's sharding options"):
+        NeuroShardPlanner(topology(), stats=object()).plan(two_tower(), SHARDERS)
 
 
 def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:

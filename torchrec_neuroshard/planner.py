@@ -17,18 +17,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner.constants import BATCH_SIZE
-from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.planner.planners import validate_modules_inclusion_in_sharding_plan
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import ParameterConstraints, StorageReservation, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, cost_model_for, kernel_size_warning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats
-from torchrec_neuroshard.tables import module_tables, shardable_modules
+from torchrec_neuroshard.tables import module_tables
 from torchrec_neuroshard.triage import SPLIT_KINDS, Triage, triage
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, Task
 
 logger = logging.getLogger(__name__)
+STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
+"""Where TorchRec's planner logs its EmbeddingStats table: the plan table goes there too."""
 
 DEFAULT_STORAGE_RESERVATION = 0.15
 """Share of each rank's memory kept free for activations and buffers (TorchRec's default)."""
@@ -61,7 +65,14 @@ class NeuroShardPlanner(ShardingPlanner):
             without comm gets the alpha-beta stand-in from the topology). Loaded on the
             first plan.
         search_config: the search's knobs (beam width, scales, ...).
-        storage_reservation: share of memory kept free on every rank.
+        storage_reservation: a TorchRec ``StorageReservation`` (e.g. its default planner's
+            ``HeuristicalStorageReservation(percentage=0.15)``), or a fraction of every rank's
+            memory kept free (default 0.15, ``FixedPercentageStorageReservation``).
+        debug: log the plan table (per rank: memory, predicted perf and its parts,
+            shards) on TorchRec's planner-stats logger, where TorchRec's own planner logs
+            its table, so the same logging set-up shows both; off: logged at DEBUG.
+        stats: TorchRec ``Stats`` objects read TorchRec's sharding options, which this
+            planner does not build: only None is accepted (the table comes with ``debug``).
         access_hists: measured access histograms by table (``profile_batches``).
 
     After ``plan``: ``plan_`` (our ``Plan``), ``task_`` (the searched tables as a ``Task``
@@ -75,8 +86,10 @@ class NeuroShardPlanner(ShardingPlanner):
         constraints: Mapping[str, ParameterConstraints] | None = None,
         cost_model: NeuralCostModel | str | Path | None = None,
         search_config: SearchConfig = SearchConfig(),
-        storage_reservation: float = DEFAULT_STORAGE_RESERVATION,
+        storage_reservation: StorageReservation | float = DEFAULT_STORAGE_RESERVATION,
         access_hists: Mapping[str, tuple[float, ...]] | None = None,
+        debug: bool = True,
+        stats: object = None,
     ) -> None:
         self.topology = topology
         self.batch_size = batch_size
@@ -85,6 +98,8 @@ class NeuroShardPlanner(ShardingPlanner):
         self.search_config = search_config
         self.storage_reservation = storage_reservation
         self.access_hists = access_hists
+        self.debug = debug
+        self.stats = stats
 
     # ------------------------------------------------------------------ public API
 
@@ -97,7 +112,12 @@ class NeuroShardPlanner(ShardingPlanner):
         if not tables:
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
-        cap = self._memory_cap()
+        if self.stats is not None:
+            raise ShardingError(
+                f"stats={self.stats!r}: TorchRec Stats objects read TorchRec's sharding options, which "
+                "NeuroShardPlanner does not build; pass debug=True for its plan table instead"
+            )
+        cap = self._memory_cap(module, sharders)
         decided = triage(tables, world, self.topology.local_world_size, cap)
         for name, why in decided.reasons:
             logger.info("table %s: %s (TorchRec's sharding; not in the predicted cost)", name, why)
@@ -108,13 +128,16 @@ class NeuroShardPlanner(ShardingPlanner):
             placements = self.search_result_.plan.placements + placements
         self.plan_ = Plan(placements, world)
         if self.search_result_ is not None:
-            logger.info(
-                "%s",
-                format_plan_stats(self.plan_, [t.spec for t in tables], self.search_result_.devices, cap, dict(decided.reasons))
-                + f"\nsearched {self.search_result_.states_evaluated} split states in {self.search_result_.seconds:.2f} s",
+            table = format_plan_stats(
+                self.plan_, [t.spec for t in tables], self.search_result_.devices, cap, dict(decided.reasons),
+                memory_kind="HBM" if self.topology.compute_device == "cuda" else "DDR",
             )
+            searched = f"searched {self.search_result_.states_evaluated} split states in {self.search_result_.seconds:.2f} s"
+            for line in (table + "\n" + searched).splitlines():
+                STATS_LOGGER.log(logging.INFO if self.debug else logging.DEBUG, line)
         sharding_plan = to_torchrec(self.plan_, tables, self.topology.compute_device, self.topology.local_world_size)
-        _check_every_module_planned(module, sharders, sharding_plan)
+        # TorchRec's own check: no module a sharder shards may be missing from the plan
+        validate_modules_inclusion_in_sharding_plan(sharding_plan, module, list(sharders))
         return sharding_plan
 
     def collective_plan(
@@ -213,18 +236,20 @@ class NeuroShardPlanner(ShardingPlanner):
             )
         return model
 
-    def _memory_cap(self) -> int:
+    def _memory_cap(self, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> int:
+        """The smallest rank's memory (hbm on cuda, ddr on cpu) after the storage reservation."""
+        reservation = self.storage_reservation
+        if not isinstance(reservation, StorageReservation):
+            if isinstance(reservation, bool) or not isinstance(reservation, (int, float)) or not 0 <= reservation < 1:
+                raise ShardingError(
+                    f"storage_reservation={reservation!r}: give a fraction in [0, 1) or a TorchRec StorageReservation"
+                )
+            reservation = FixedPercentageStorageReservation(float(reservation))
+        reserved = reservation.reserve(
+            self.topology, self._global_batch() // self.topology.world_size, module, list(sharders), self.constraints
+        )
         field = "hbm" if self.topology.compute_device == "cuda" else "ddr"
-        cap = min(getattr(d.storage, field) for d in self.topology.devices)
-        return int(cap * (1.0 - self.storage_reservation))
-
-
-def _check_every_module_planned(module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]], plan: ShardingPlan) -> None:
-    """Every module a sharder shards here, and each of its tables, is in the plan: a module
-    left out would silently stay unsharded under DMP (TorchRec checks the same)."""
-    for path, (owner, sharder) in shardable_modules(module, sharders).items():
-        if path not in plan.plan:
-            raise ShardingError(f"internal error: module {path!r} ({type(owner).__name__}) is missing from the plan")
+        return int(min(getattr(d.storage, field) for d in reserved.devices))
 
 
 def _broadcast_device(pg: dist.ProcessGroup) -> torch.device:

@@ -14,8 +14,10 @@ def format_plan_stats(
     memory_cap_bytes: int,
     fallbacks: Mapping[str, str] = {},
     title: str = "NeuroShard plan",
+    memory_kind: str = "DDR",
 ) -> str:
-    """A per-rank table: predicted fwd/bwd compute and comm (ms), weight memory, shards."""
+    """A per-rank table in the shape of TorchRec's EmbeddingStats: Rank, memory (``memory_kind``
+    GB and % of the cap), predicted Perf (ms) with its fwd/bwd compute and comm, Shards."""
     memory = plan.device_memory(tables)
     shards: list[list[str]] = [[] for _ in range(plan.num_devices)]
     for p in plan.placements:
@@ -27,8 +29,8 @@ def format_plan_stats(
     lines = [
         f"{title}: predicted embedding cost {max((d.total for d in devices), default=0.0):.2f} ms "
         f"(max over {plan.num_devices} ranks)",
-        f"{'rank':>4} {'fwd_comp':>9} {'bwd_comp':>9} {'fwd_comm':>9} {'bwd_comm':>9} {'total':>8} "
-        f"{'mem MB':>9} {'mem %':>6}  shards",
+        f"{'Rank':>4} {memory_kind + ' (GB)':>9} {'%':>6} {'Perf (ms)':>9} {'fwd_comp':>9} {'bwd_comp':>9} "
+        f"{'fwd_comm':>9} {'bwd_comm':>9}  Shards",
     ]
     for d, c in enumerate(devices):
         mark = "*" if d == bottleneck else " "
@@ -36,8 +38,8 @@ def format_plan_stats(
         if len(names) > 100:
             names = names[:97] + "..."
         lines.append(
-            f"{d:>3}{mark} {c.fwd_compute:9.2f} {c.bwd_compute:9.2f} {c.fwd_comm:9.2f} {c.bwd_comm:9.2f} "
-            f"{c.total:8.2f} {memory[d] / 2**20:9.1f} {100 * memory[d] / memory_cap_bytes:5.1f}%  {names}"
+            f"{d:>3}{mark} {memory[d] / 2**30:9.3f} {100 * memory[d] / memory_cap_bytes:5.1f}% {c.total:9.2f} "
+            f"{c.fwd_compute:9.2f} {c.bwd_compute:9.2f} {c.fwd_comm:9.2f} {c.bwd_comm:9.2f}  {names}"
         )
     if plan.data_parallel:
         lines.append(f"data parallel on every rank: {' '.join(plan.data_parallel)}")
