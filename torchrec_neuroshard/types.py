@@ -46,6 +46,10 @@ def _whole_number(value: object, what: str) -> int:
     raise ShardingError(f"{what} must be a whole number, got {value!r}; give it as an integer")
 
 
+def _finite_non_negative(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 def _field(d: dict, key: str, what: str) -> object:
     """``d[key]``, or a ``ShardingError`` naming the missing field and where it belongs."""
     if not isinstance(d, dict):
@@ -92,20 +96,19 @@ class TableSpec:
                 f"table {self.name!r}: dim {self.dim} is not a positive multiple of "
                 f"{WIDTH_ALIGNMENT}; FBGEMM's fused kernels need that. Pad it to {padded}."
             )
-        if self.pooling_factor < 0 or not math.isfinite(self.pooling_factor):
+        if not _finite_non_negative(self.pooling_factor):
             raise ShardingError(
                 f"table {self.name!r}: pooling factor must be finite and >= 0, "
-                f"got {self.pooling_factor}"
+                f"got {self.pooling_factor!r}"
             )
-        if len(self.access_hist) != NUM_ACCESS_BINS:
-            raise ShardingError(
-                f"table {self.name!r}: access_hist needs {NUM_ACCESS_BINS} bins, "
-                f"got {len(self.access_hist)}"
-            )
-        bad = [(i, x) for i, x in enumerate(self.access_hist) if not (math.isfinite(x) and x >= 0)]
+        hist = self.access_hist
+        if not isinstance(hist, (Sequence, np.ndarray)) or isinstance(hist, str) or len(hist) != NUM_ACCESS_BINS:
+            got = f"{len(hist)}" if isinstance(hist, (Sequence, np.ndarray)) and not isinstance(hist, str) else repr(hist)
+            raise ShardingError(f"table {self.name!r}: access_hist needs {NUM_ACCESS_BINS} bins, got {got}")
+        bad = [(i, x) for i, x in enumerate(self.access_hist) if not _finite_non_negative(x)]
         if bad:
             raise ShardingError(
-                f"table {self.name!r}: access_hist bin {bad[0][0]} is {bad[0][1]}; every bin is a "
+                f"table {self.name!r}: access_hist bin {bad[0][0]} is {bad[0][1]!r}; every bin is a "
                 f"fraction of the table's unique ids, finite and >= 0: re-measure it with "
                 f"tables.profile_batches"
             )
@@ -113,6 +116,8 @@ class TableSpec:
         if abs(total - 1.0) > ACCESS_HIST_TOLERANCE:
             fix = f"normalise it: divide every bin by {total:.6g}" if total > 0 else "re-measure it with tables.profile_batches"
             raise ShardingError(f"table {self.name!r}: access_hist sums to {total:.6g}, not 1 (it holds fractions); {fix}")
+        object.__setattr__(self, "pooling_factor", float(self.pooling_factor))
+        object.__setattr__(self, "access_hist", tuple(float(x) for x in self.access_hist))
         if self.bytes_per_element not in (1, 2, 4, 8):
             raise ShardingError(
                 f"table {self.name!r}: bytes_per_element must be 1, 2, 4 or 8, "
@@ -133,8 +138,8 @@ class TableSpec:
             name=_field(d, "name", what),
             rows=_field(d, "rows", what),
             dim=_field(d, "dim", what),
-            pooling_factor=float(_field(d, "pooling_factor", what)),
-            access_hist=tuple(float(x) for x in _field(d, "access_hist", what)),
+            pooling_factor=_field(d, "pooling_factor", what),
+            access_hist=_field(d, "access_hist", what),
             bytes_per_element=d.get("bytes_per_element", 4),
             feature_names=tuple(d.get("feature_names", ())),
         )
