@@ -227,3 +227,18 @@ def test_pretrain_never_returns_a_model_with_nan_metrics() -> None:
     rows = [{**r, "fwd_ms": math.nan} for r in compute_rows(MIN_SAMPLES)]
     with pytest.raises(ShardingError, match=r"test metric compute.mape_total is nan, so the trained model is not returned"):
         pretrain(rows, epochs=1, progress=False)
+
+
+# ---------------------------------------------------------------- our estimator in TorchRec's planner
+
+
+@pytest.mark.parametrize("batch", [0, -8, 1.5, True])
+def test_the_estimators_refuse_a_bad_batch_instead_of_a_default(batch) -> None:
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_neuroshard.estimators import NeuralPerfEstimator, NeuralPerfModel
+
+    topology = Topology(world_size=2, compute_device="cpu")
+    for cls in (NeuralPerfEstimator, NeuralPerfModel):
+        with pytest.raises(ShardingError, match=rf"batch_size must be a positive int \(the per-rank batch.*got {batch!r}"):
+            cls(topology, batch_size=batch)
