@@ -69,7 +69,7 @@ def save_suite(tasks: Sequence[Task], path: Path) -> None:
 
 
 def load_suite(path: Path) -> list[Task]:
-    return [Task.from_json(json.dumps(d)) for d in json.loads(path.read_text())]
+    return Task.load_all(path)
 
 
 def plan_task(name: str, task: Task, model: NeuralCostModel) -> Plan:

@@ -122,7 +122,7 @@ def test_pretrain_writes_test_metrics_and_holds_out_world_sizes() -> None:
     assert set(m.meta["test"]["compute"]) >= {"mape_total", "spearman_total"}
     assert m.meta["test"]["comm"]["4"]["devices"] == 100 * 4  # every D=4 sample is unseen
     with pytest.raises(ShardingError, match=r"no comm samples left to train on after excluding world sizes \[2, 4\]"):
-        pretrain(_synthetic_rows(20), epochs=1, progress=False, exclude_world_sizes=[2, 4])
+        pretrain(_synthetic_rows(40), epochs=1, progress=False, exclude_world_sizes=[2, 4])
 
 
 def test_split_by_group_keeps_remeasured_samples_together() -> None:

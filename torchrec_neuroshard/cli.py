@@ -6,6 +6,7 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from torchrec_neuroshard.types import ShardingError
 
@@ -51,8 +52,6 @@ def _pretrain(args: argparse.Namespace) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> None:
-    from pathlib import Path
-
     import torch
 
     from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
@@ -110,33 +109,67 @@ def _calibrate(args: argparse.Namespace) -> None:
 def _plan(args: argparse.Namespace) -> None:
     import json
 
-    from torchrec_neuroshard.heuristics import baseline_plan
-    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
-    from torchrec_neuroshard.search import predicted_breakdown, search
-    from torchrec_neuroshard.stats import format_plan_stats
     from torchrec_neuroshard.types import Task
 
-    task = Task.load(args.task)
+    tasks = list(enumerate(Task.load_all(args.task)))  # before the heavy imports: a bad file fails fast
+    suite = len(tasks) > 1
+    if args.index is not None:
+        if not 0 <= args.index < len(tasks):
+            raise ShardingError(
+                f"--index {args.index} is out of range: {args.task} holds {len(tasks)} task(s), "
+                f"give 0 to {len(tasks) - 1}"
+            )
+        tasks = [tasks[args.index]]
+
+    from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, load_pretrained
+    from torchrec_neuroshard.heuristics import baseline_plan
+    from torchrec_neuroshard.search import predicted_breakdown, search
+    from torchrec_neuroshard.stats import format_plan_stats
+
     model = NeuralCostModel.load(args.model) if args.model else load_pretrained()
-    if args.planner == "neuroshard":
-        result = search(task, model)
-        plan, devices, note = result.plan, result.devices, f"searched in {result.seconds:.2f} s"
-    else:
-        plan = baseline_plan(args.planner, task, seed=args.seed)
-        _, devices = predicted_breakdown(model, task, plan)
-        note = ""
-    print(format_plan_stats(plan, task.tables, devices, task.memory_cap_bytes, title=f"{args.planner} plan"))
-    if note:
-        print(note)
+    for world in sorted({task.num_devices for _, task in tasks}):
+        check_world_size(model, world)
+    plans = []
+    for i, task in tasks:
+        if args.planner == "neuroshard":
+            result = search(task, model)
+            plan, devices, note = result.plan, result.devices, f"searched in {result.seconds:.2f} s"
+        else:
+            plan = baseline_plan(args.planner, task, seed=args.seed)
+            _, devices = predicted_breakdown(model, task, plan)
+            note = ""
+        title = f"{args.planner} plan" + (f" of task {i}" if suite else "")
+        print(format_plan_stats(plan, task.tables, devices, task.memory_cap_bytes, title=title))
+        if note:
+            print(note)
+        plans.append(plan.to_dict())
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(plan.to_dict(), f, indent=1)
-        print(f"plan written to {args.out}")
+            json.dump(plans if len(plans) > 1 else plans[0], f, indent=1)
+        print(f"{'plans' if len(plans) > 1 else 'plan'} written to {args.out}")
+
+
+def _checkout() -> Path:
+    """The repository checkout the package runs from (an editable install or a clone on
+    PYTHONPATH): the folder holding ``torchrec_neuroshard/`` and ``benchmarks/``."""
+    import torchrec_neuroshard
+
+    root = Path(torchrec_neuroshard.__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__init__.py").is_file():
+        raise ShardingError(
+            f"`neuroshard bench` runs the benchmarks of the repository checkout, and there is no "
+            f"benchmarks/ beside this installed package ({root}); clone the repository and "
+            f"`pip install -e` it"
+        )
+    return root
 
 
 def _bench(args: argparse.Namespace) -> None:
     import runpy
 
+    root = str(_checkout())
+    if root not in sys.path:
+        sys.path.insert(0, root)
     sys.argv = [args.which] + args.rest
     runpy.run_module(f"benchmarks.{args.which}", run_name="__main__")
 
@@ -179,10 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(func=_calibrate)
 
     pl = sub.add_parser("plan", help="plan a task (JSON from the task generator)")
-    pl.add_argument("task", help="task JSON file")
+    pl.add_argument("task", help="task JSON file: one task, or a list of tasks (as benchmarks/tasks/suite.json)")
+    pl.add_argument("--index", type=int, help="plan only task N of a list (default: every task)")
     pl.add_argument("--planner", default="neuroshard", choices=["neuroshard", "random", "size", "dim", "lookup", "size_lookup"])
     pl.add_argument("--model", help="cost model file (default: the shipped one)")
-    pl.add_argument("--out", help="write the plan as JSON")
+    pl.add_argument("--out", help="write the plan as JSON (a list of plans when several tasks are planned)")
     pl.add_argument("--seed", type=int, default=0)
     pl.set_defaults(func=_plan)
 
@@ -194,10 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. Bad input (a ``ShardingError``: the commands turn malformed files,
+    missing fields and bad values into one) and files that cannot be opened are one line on
+    stderr and exit code 2, as argparse reports bad arguments; anything else is a bug and
+    keeps its traceback."""
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except ShardingError as e:
+    except (ShardingError, OSError) as e:
         print(f"neuroshard: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -377,6 +377,29 @@ def pretrained_for(device: str) -> NeuralCostModel:
     return load_pretrained(DEFAULT_PRETRAINED[device])
 
 
+MAX_WORLD_SIZE_EXTRAPOLATION = 4
+"""Plan for up to this many times the largest world size the comm model was trained on."""
+
+
+def check_world_size(model: NeuralCostModel, world: int) -> None:
+    """Refuse planning ``world`` ranks with ``model`` when that is more than
+    ``MAX_WORLD_SIZE_EXTRAPOLATION`` x the largest world size its comm model was trained on
+    (``ShardingError`` naming the commands that fix it); warn when ``world`` is new to it
+    but within reach. A model without trained world sizes (alpha-beta comm) passes."""
+    trained = model.meta.get("world_sizes_trained", [])
+    if world <= 1 or not trained or world in trained:
+        return
+    if world > MAX_WORLD_SIZE_EXTRAPOLATION * max(trained):
+        raise ShardingError(
+            f"world size {world} is far beyond the world sizes the comm model was trained "
+            f"on ({trained}); collect comm samples at this size (`neuroshard collect comm "
+            f"--world-size {world}`) and re-train (`neuroshard pretrain`)"
+        )
+    logger.warning(
+        "world size %d was not in the comm model's training data %s; the equivariant model extrapolates", world, trained
+    )
+
+
 def kernel_size_warning(model: NeuralCostModel, shards_per_device: Sequence[int]) -> str | None:
     """A warning text when a device fuses more shards than any kernel the compute model was
     trained on (``meta["max_tables_per_kernel"]``): its prediction there is an extrapolation."""

@@ -12,6 +12,7 @@ multi-table model, which sees fused-kernel effects that per-shard sums cannot::
 
 from __future__ import annotations
 
+import numbers
 from typing import Mapping
 
 import numpy as np
@@ -27,7 +28,7 @@ from torchrec.distributed.types import ShardingType
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.access import uniform_access_histogram
-from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, ShardingKind, TableSpec
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, ShardingError, ShardingKind, TableSpec
 
 
 def _sees_all_lookups(sharding_type: str) -> bool:
@@ -57,9 +58,16 @@ def _option_shards(option: ShardingOption, world: int, batch: int, access_hists:
     return [_shard_spec(option, int(s.size[0]), int(s.size[1]), batch, scale, access_hists) for s in option.shards]
 
 
-def _global_batch(per_rank: int, world: int) -> int:
-    """TorchRec's planners take the per-rank batch; a table-wise shard sees all ranks'."""
-    return per_rank * world
+def global_batch(per_rank: int, world: int) -> int:
+    """The batch a table-wise shard's kernel sees: TorchRec's planners take the per-rank
+    batch, the kernel sees all ranks'. A per-rank batch that is not a positive int is an
+    error, never replaced by a default."""
+    if isinstance(per_rank, bool) or not isinstance(per_rank, numbers.Integral) or per_rank < 1:
+        raise ShardingError(
+            f"batch_size must be a positive int (the per-rank batch, as TorchRec's planner "
+            f"takes it), got {per_rank!r}"
+        )
+    return int(per_rank) * world
 
 
 class NeuralPerfEstimator(ShardEstimator):
@@ -84,6 +92,8 @@ class NeuralPerfEstimator(ShardEstimator):
         access_hists: Mapping[str, tuple[float, ...]] | None = None,
         is_inference: bool = False,
     ) -> None:
+        if batch_size is not None:
+            global_batch(batch_size, topology.world_size)  # a bad batch fails here, not at planning
         self.topology = topology
         self.constraints = constraints
         self.model = cost_model or load_pretrained("cpu")
@@ -94,7 +104,7 @@ class NeuralPerfEstimator(ShardEstimator):
         if not sharding_options:
             return
         world = self.topology.world_size
-        batch = _global_batch(self.batch_size or sharding_options[0].batch_size, world)
+        batch = global_batch(sharding_options[0].batch_size if self.batch_size is None else self.batch_size, world)
         model = self.model.with_batch_size(batch)
         for option in sharding_options:
             shards = _option_shards(option, world, batch, self.access_hists)
@@ -126,6 +136,8 @@ class NeuralPerfModel(PerfModel):
         batch_size: int | None = None,
         access_hists: Mapping[str, tuple[float, ...]] | None = None,
     ) -> None:
+        if batch_size is not None:
+            global_batch(batch_size, topology.world_size)  # a bad batch fails here, not at planning
         self.topology = topology
         self.model = cost_model or load_pretrained("cpu")
         self.batch_size = batch_size
@@ -135,7 +147,7 @@ class NeuralPerfModel(PerfModel):
         world = self.topology.world_size
         if not plan:
             return 0.0
-        batch = _global_batch(self.batch_size or plan[0].batch_size, world)
+        batch = global_batch(plan[0].batch_size if self.batch_size is None else self.batch_size, world)
         model = self.model.with_batch_size(batch)
         devices: list[list[Shard]] = [[] for _ in range(world)]
         dims = np.zeros((1, world), dtype=np.float32)

@@ -11,6 +11,7 @@ import abc
 import enum
 import json
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -23,6 +24,9 @@ NUM_ACCESS_BINS = 17
 WIDTH_ALIGNMENT = 4
 """FBGEMM's fused kernels need every shard width to be a multiple of this."""
 
+ACCESS_HIST_TOLERANCE = 1e-3
+"""How far an access histogram's sum may be from 1 (stored histograms are rounded)."""
+
 
 class ShardingError(ValueError):
     """A task, a plan or a TorchRec input that cannot be turned into a valid sharding."""
@@ -30,6 +34,29 @@ class ShardingError(ValueError):
 
 class InfeasibleError(ShardingError):
     """No placement satisfies the memory cap."""
+
+
+def _whole_number(value: object, what: str) -> int:
+    """``value`` as an int when it is a whole number (1024 or 1024.0; not True, not 1.7),
+    else a ``ShardingError`` naming ``what`` and the value."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    raise ShardingError(f"{what} must be a whole number, got {value!r}; give it as an integer")
+
+
+def _finite_non_negative(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _field(d: dict, key: str, what: str) -> object:
+    """``d[key]``, or a ``ShardingError`` naming the missing field and where it belongs."""
+    if not isinstance(d, dict):
+        raise ShardingError(f"{what} must be a JSON object, got {type(d).__name__} {str(d)[:60]!r}")
+    if key not in d:
+        raise ShardingError(f"{what} has no {key!r} field; add it (fields: {sorted(d)})")
+    return d[key]
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,8 @@ class TableSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise ShardingError("a table has an empty name")
+        for field in ("rows", "dim", "bytes_per_element"):
+            object.__setattr__(self, field, _whole_number(getattr(self, field), f"table {self.name!r}: {field}"))
         if self.rows <= 0:
             raise ShardingError(f"table {self.name!r}: rows must be positive, got {self.rows}")
         if self.dim <= 0 or self.dim % WIDTH_ALIGNMENT:
@@ -67,16 +96,28 @@ class TableSpec:
                 f"table {self.name!r}: dim {self.dim} is not a positive multiple of "
                 f"{WIDTH_ALIGNMENT}; FBGEMM's fused kernels need that. Pad it to {padded}."
             )
-        if self.pooling_factor < 0 or not math.isfinite(self.pooling_factor):
+        if not _finite_non_negative(self.pooling_factor):
             raise ShardingError(
                 f"table {self.name!r}: pooling factor must be finite and >= 0, "
-                f"got {self.pooling_factor}"
+                f"got {self.pooling_factor!r}"
             )
-        if len(self.access_hist) != NUM_ACCESS_BINS:
+        hist = self.access_hist
+        if not isinstance(hist, (Sequence, np.ndarray)) or isinstance(hist, str) or len(hist) != NUM_ACCESS_BINS:
+            got = f"{len(hist)}" if isinstance(hist, (Sequence, np.ndarray)) and not isinstance(hist, str) else repr(hist)
+            raise ShardingError(f"table {self.name!r}: access_hist needs {NUM_ACCESS_BINS} bins, got {got}")
+        bad = [(i, x) for i, x in enumerate(self.access_hist) if not _finite_non_negative(x)]
+        if bad:
             raise ShardingError(
-                f"table {self.name!r}: access_hist needs {NUM_ACCESS_BINS} bins, "
-                f"got {len(self.access_hist)}"
+                f"table {self.name!r}: access_hist bin {bad[0][0]} is {bad[0][1]!r}; every bin is a "
+                f"fraction of the table's unique ids, finite and >= 0: re-measure it with "
+                f"tables.profile_batches"
             )
+        total = math.fsum(self.access_hist)
+        if abs(total - 1.0) > ACCESS_HIST_TOLERANCE:
+            fix = f"normalise it: divide every bin by {total:.6g}" if total > 0 else "re-measure it with tables.profile_batches"
+            raise ShardingError(f"table {self.name!r}: access_hist sums to {total:.6g}, not 1 (it holds fractions); {fix}")
+        object.__setattr__(self, "pooling_factor", float(self.pooling_factor))
+        object.__setattr__(self, "access_hist", tuple(float(x) for x in self.access_hist))
         if self.bytes_per_element not in (1, 2, 4, 8):
             raise ShardingError(
                 f"table {self.name!r}: bytes_per_element must be 1, 2, 4 or 8, "
@@ -91,14 +132,15 @@ class TableSpec:
         return asdict(self)
 
     @staticmethod
-    def from_dict(d: dict) -> "TableSpec":
+    def from_dict(d: dict, what: str = "a table") -> "TableSpec":
+        """The table ``d`` (``to_dict``'s layout) describes; ``what`` names it in errors."""
         return TableSpec(
-            name=d["name"],
-            rows=int(d["rows"]),
-            dim=int(d["dim"]),
-            pooling_factor=float(d["pooling_factor"]),
-            access_hist=tuple(float(x) for x in d["access_hist"]),
-            bytes_per_element=int(d.get("bytes_per_element", 4)),
+            name=_field(d, "name", what),
+            rows=_field(d, "rows", what),
+            dim=_field(d, "dim", what),
+            pooling_factor=_field(d, "pooling_factor", what),
+            access_hist=_field(d, "access_hist", what),
+            bytes_per_element=d.get("bytes_per_element", 4),
             feature_names=tuple(d.get("feature_names", ())),
         )
 
@@ -132,6 +174,8 @@ class Task:
     batch_size: int
 
     def __post_init__(self) -> None:
+        for field in ("num_devices", "memory_cap_bytes", "batch_size"):
+            object.__setattr__(self, field, _whole_number(getattr(self, field), f"the task's {field}"))
         if not self.tables:
             raise ShardingError("the task has no tables")
         names = [t.name for t in self.tables]
@@ -162,21 +206,47 @@ class Task:
         )
 
     @staticmethod
-    def from_json(text: str) -> "Task":
-        d = json.loads(text)
+    def from_dict(d: dict, what: str = "the task") -> "Task":
+        """The task ``d`` (``to_json``'s layout) describes; ``what`` names it in errors."""
         return Task(
-            tables=tuple(TableSpec.from_dict(t) for t in d["tables"]),
-            num_devices=int(d["num_devices"]),
-            memory_cap_bytes=int(d["memory_cap_bytes"]),
-            batch_size=int(d["batch_size"]),
+            tables=tuple(
+                TableSpec.from_dict(t, f"{what}, table {i}") for i, t in enumerate(_field(d, "tables", what))
+            ),
+            num_devices=_field(d, "num_devices", what),
+            memory_cap_bytes=_field(d, "memory_cap_bytes", what),
+            batch_size=_field(d, "batch_size", what),
         )
+
+    @staticmethod
+    def from_json(text: str) -> "Task":
+        return Task.from_dict(json.loads(text))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
     @staticmethod
     def load(path: str | Path) -> "Task":
-        return Task.from_json(Path(path).read_text())
+        """The one task in a task file; ``load_all`` reads suite files (lists of tasks) too."""
+        tasks = Task.load_all(path)
+        if len(tasks) != 1:
+            raise ShardingError(f"{path} holds {len(tasks)} tasks, not one; read it with Task.load_all")
+        return tasks[0]
+
+    @staticmethod
+    def load_all(path: str | Path) -> list["Task"]:
+        """The tasks in a task file: one task (a JSON object) or a list of them (a suite)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ShardingError(f"task file {str(path)!r} does not exist (or is not a file)")
+        try:
+            d = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ShardingError(f"task file {str(path)!r} is not valid JSON: {e}") from e
+        if d == []:
+            raise ShardingError(f"task file {str(path)!r} is an empty list; it needs a task or a list of tasks")
+        if isinstance(d, list):
+            return [Task.from_dict(t, f"{path} task {i}") for i, t in enumerate(d)]
+        return [Task.from_dict(d, str(path))]
 
 
 class ShardingKind(str, enum.Enum):

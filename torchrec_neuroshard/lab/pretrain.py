@@ -11,10 +11,12 @@ with the best validation loss is kept (early stopping).
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from pathlib import Path
+from typing import Callable, Iterator, Sequence, Union
 
 import numpy as np
 import torch
@@ -38,6 +40,9 @@ from torchrec_neuroshard.types import ShardingError
 TRAIN_THREADS = 1
 """The nets are small: one intra-op thread trains them fastest, and far faster than two
 when another process holds a core (measured 14x on this project's 2-core machines)."""
+MIN_SAMPLES = 30
+"""Fewest sample groups (of compute, or of comm) pre-training takes: split 80/10/10, that
+leaves 3 each to early-stop on and to test with; fewer give meaningless (or NaN) metrics."""
 
 # ---------------------------------------------------------------- data
 
@@ -130,6 +135,17 @@ def split_by_group(groups: np.ndarray, seed: int, fractions: tuple[float, float]
     cut1, cut2 = int(fractions[0] * len(unique)), int(fractions[1] * len(unique))
     parts = [set(unique[order[:cut1]]), set(unique[order[cut1:cut2]]), set(unique[order[cut2:]])]
     return tuple(np.isin(groups, list(p)) for p in parts)
+
+
+def _pretraining_split(groups: np.ndarray, seed: int, kind: str) -> tuple[np.ndarray, ...]:
+    """``split_by_group`` of ``kind`` ("compute" or "comm") samples, refusing too few."""
+    count = len(np.unique(groups))
+    if count < MIN_SAMPLES:
+        raise ShardingError(
+            f"{count} {kind} samples are too few to split 80/10/10 into train, validation and test; "
+            f"pre-train on at least {MIN_SAMPLES} (`neuroshard collect {kind} --samples {MIN_SAMPLES}` or more)"
+        )
+    return split_by_group(groups, seed)
 
 
 # ---------------------------------------------------------------- metrics
@@ -288,7 +304,7 @@ def pretrain(
     """
     t0 = time.perf_counter()
     cdata = load_compute_data(rows)
-    tr, va, compute_test = split_by_group(cdata.group, seed)
+    tr, va, compute_test = _pretraining_split(cdata.group, seed, "compute")
     cnet, cnorm, clog = train_compute(cdata.subset(tr), cdata.subset(va), epochs, seed, progress=progress)
     compute_rows = list(iter_kind(rows, "compute"))
     meta = {
@@ -306,7 +322,7 @@ def pretrain(
     comm_rows = list(iter_kind(rows, "comm"))
     if comm_rows:  # a compute-only model (one GPU cannot measure all-to-alls) gets its comm at planning
         mdata = load_comm_data(comm_rows)
-        tr, va, te = split_by_group(mdata.group, seed)
+        tr, va, te = _pretraining_split(mdata.group, seed, "comm")
         seen = ~np.isin(mdata.world_size, list(exclude_world_sizes))
         if not (tr & seen).any():
             raise ShardingError(
@@ -326,12 +342,35 @@ def pretrain(
             comm_train={k: v for k, v in mlog.items() if k != "history"},
         )
         meta["test"]["comm"] = comm_test
+    for name, value in _metrics(meta["test"]):
+        if not math.isfinite(value):
+            raise ShardingError(
+                f"test metric {name} is {value}, so the trained model is not returned (nor saved): "
+                "check the data for non-finite or zero times, and pre-train on more samples"
+            )
     meta["train_seconds"] = round(time.perf_counter() - t0, 1)
     return NeuralCostModel(cnet, cnorm, comm, meta)
 
 
-def pretrain_files(paths: Sequence[str], **kwargs) -> NeuralCostModel:
-    rows = [r for p in paths for r in read_rows(p)]
+def _metrics(tree: dict, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted name, value) of every number in a nested metrics dict."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _metrics(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def pretrain_files(paths: Sequence[str | Path], **kwargs) -> NeuralCostModel:
+    """``pretrain`` on the rows of dataset files; a missing or unreadable file is an error."""
+    rows = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ShardingError(f"data file {str(path)!r} does not exist; give the JSONL(.gz) files `neuroshard collect` wrote")
+        try:
+            rows += read_rows(path)
+        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ShardingError(f"data file {str(path)!r} is not a readable JSONL(.gz) dataset: {e}") from e
     if not rows:
-        raise ShardingError(f"no samples in {list(paths)}")
+        raise ShardingError(f"no samples in {[str(p) for p in paths]}")
     return pretrain(rows, **kwargs)
