@@ -22,7 +22,8 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import ParameterConstraints, StorageReservation, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-from torchrec_neuroshard.costmodel import NeuralCostModel, cost_model_for, kernel_size_warning
+from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, cost_model_for, kernel_size_warning
+from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats
@@ -36,8 +37,6 @@ STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
 
 DEFAULT_STORAGE_RESERVATION = 0.15
 """Share of each rank's memory kept free for activations and buffers (TorchRec's default)."""
-MAX_WORLD_SIZE_EXTRAPOLATION = 4
-"""Plan for up to this many times the largest world size the comm model was trained on."""
 
 
 class NeuroShardPlanner(ShardingPlanner):
@@ -206,29 +205,12 @@ class NeuroShardPlanner(ShardingPlanner):
         return replace(result, plan=Plan(placements, task.num_devices))
 
     def _global_batch(self) -> int:
-        batch = BATCH_SIZE if self.batch_size is None else self.batch_size
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ShardingError(
-                f"batch_size must be a positive int (the per-rank batch, as TorchRec's planner "
-                f"takes it), got {batch!r}"
-            )
-        return batch * self.topology.world_size
+        return global_batch(BATCH_SIZE if self.batch_size is None else self.batch_size, self.topology.world_size)
 
     def _cost_model(self) -> NeuralCostModel:
         model = cost_model_for(self.topology, self.cost_model)
         world = self.topology.world_size
-        trained = model.meta.get("world_sizes_trained", [])
-        if world > 1 and trained and world not in trained:
-            if world > MAX_WORLD_SIZE_EXTRAPOLATION * max(trained):
-                raise ShardingError(
-                    f"world size {world} is far beyond the world sizes the comm model was trained "
-                    f"on ({trained}); collect comm samples at this size (`neuroshard collect comm "
-                    f"--world-size {world}`) and re-train (`neuroshard pretrain`)"
-                )
-            logger.warning(
-                "world size %d was not in the comm model's training data %s; the equivariant "
-                "model extrapolates", world, trained,
-            )
+        check_world_size(model, world)
         if self._global_batch() != model.batch_size:
             logger.info(
                 "global batch %d (per-rank %d x %d ranks) differs from the cost model's %d: predictions scaled by %.3g",
