@@ -26,6 +26,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingType
 
+from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.access import uniform_access_histogram
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, ShardingError, ShardingKind, TableSpec
@@ -115,7 +116,11 @@ class NeuralPerfEstimator(ShardEstimator):
             comm = model.comm_cost_array(dims, np.zeros_like(dims))[:, 0, :]
             marginal = np.clip(comm[:-1] - comm[-1], 0.0, None)
             if option.sharding_type == ShardingType.DATA_PARALLEL.value:
-                marginal[:] = 0.0  # no pooled all-to-all; gradient all-reduce not modelled
+                # no pooled all-to-all: the whole table's gradient is all-reduced instead, priced
+                # from the topology's bandwidths as TorchRec's own estimator prices it
+                grad_bytes = option.tensor.numel() * option.tensor.element_size()
+                marginal[:, 0] = 0.0
+                marginal[:, 1] = AlphaBetaComm.from_topology(self.topology, batch).all_reduce_ms(grad_bytes, world)
             for shard, (fwd, bwd), (cf, cb) in zip(option.shards, compute, marginal):
                 shard.perf = Perf(
                     fwd_compute=float(max(fwd, 0.0)),
