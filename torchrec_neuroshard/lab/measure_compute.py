@@ -10,7 +10,7 @@ import statistics
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
@@ -158,22 +158,13 @@ def measure_compute(
     with cpu_threads(num_threads if device.type == "cpu" else None):
         kernel = build_kernel(shards, device, precision, pooled)
         indices, offsets = concat_lookups([lookups[s.table.name] for s in shards], device)
-        clock = Clock(device)
-        fwd, bwd = [], []
-        grad = None
-        for i in range(warmup + repeats):
-            t0 = clock.start()
-            out = kernel(indices, offsets)
-            f = clock.elapsed_ms(t0)
-            grad = torch.ones_like(out) if grad is None else grad
-            t1 = clock.start()
-            out.backward(grad)
-            b = clock.elapsed_ms(t1)
-            if i >= warmup:
-                fwd.append(f)
-                bwd.append(b)
+        # pooled: [batch, sum of widths]; unpooled: [lookups, width] (one width, see build_kernel)
+        rows, cols = ((offsets.numel() - 1) // len(shards), sum(s.width for s in shards)) if pooled else (indices.numel(), shards[0].width)
+        grad = torch.ones(rows, cols, device=device)
+        # the fused kernel updates its weights in backward
+        measured = time_forward_backward(lambda: kernel(indices, offsets), lambda out: out.backward(grad), device, warmup, repeats)
         del kernel
-    return ComputeMeasurement(Timing.of(fwd), Timing.of(bwd))
+    return measured
 
 
 def measure_replicated_compute(
@@ -201,21 +192,38 @@ def measure_replicated_compute(
         ).to(device)
         indices, offsets = concat_lookups([lookups[t.name] for t in tables], device)
         grad = torch.ones((offsets.numel() - 1) // len(tables), sum(t.dim for t in tables), device=device)
-        clock = Clock(device)
-        fwd, bwd = [], []
-        for i in range(warmup + repeats):
-            t0 = clock.start()
-            out = kernel(indices, offsets)
-            f = clock.elapsed_ms(t0)
-            t1 = clock.start()
+
+        def backward(out: torch.Tensor) -> None:
             out.backward(grad)
             with torch.no_grad():
                 for p in kernel.parameters():
                     p.add_(p.grad, alpha=-learning_rate)
                     p.grad = None
-            b = clock.elapsed_ms(t1)
-            if i >= warmup:
-                fwd.append(f)
-                bwd.append(b)
+
+        measured = time_forward_backward(lambda: kernel(indices, offsets), backward, device, warmup, repeats)
         del kernel
+    return measured
+
+
+def time_forward_backward(
+    forward: Callable[[], torch.Tensor],
+    backward: Callable[[torch.Tensor], None],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+) -> ComputeMeasurement:
+    """The one timing loop of a kernel: ``warmup`` untimed then ``repeats`` timed
+    iterations of forward, then backward on its output; medians and spreads."""
+    clock = Clock(device)
+    fwd, bwd = [], []
+    for i in range(warmup + repeats):
+        t0 = clock.start()
+        out = forward()
+        f = clock.elapsed_ms(t0)
+        t1 = clock.start()
+        backward(out)
+        b = clock.elapsed_ms(t1)
+        if i >= warmup:
+            fwd.append(f)
+            bwd.append(b)
     return ComputeMeasurement(Timing.of(fwd), Timing.of(bwd))
