@@ -370,6 +370,7 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
                 embedding_share=m.embedding_share,
                 step_cpu_ms=m.cpu.median_ms,
                 step_cpu_iqr_ms=m.cpu.iqr_ms,
+                step_samples_ms=list(m.step.samples_ms),
             )
         rows.append(row)
     return rows
