@@ -41,6 +41,7 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -340,9 +341,17 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
     from torchrec_neuroshard.sharding import from_torchrec
 
     task = planned.task
+    load_before = os.getloadavg()[0]
     per_rank = spawn(_worker, task.num_devices, planned, task_bags(task, config), config) if planned.plans else []
     rows = []
-    base = {"task": planned.label, "tables": len(task.tables), "devices": task.num_devices, "batch_size": task.batch_size}
+    base = {
+        "task": planned.label,
+        "tables": len(task.tables),
+        "devices": task.num_devices,
+        "batch_size": task.batch_size,
+        # the machine's 1-minute load average before and after: how shared the cores were
+        "load_average": [load_before, os.getloadavg()[0]],
+    }
     for name, reason in planned.failures.items():
         rows.append({**base, "planner": name, "status": f"invalid: {reason}"})
     for name, plan in planned.plans.items():
