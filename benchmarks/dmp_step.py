@@ -47,7 +47,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +58,9 @@ from torchrec_neuroshard.lab.launch import default_device, spawn
 from torchrec_neuroshard.lab.measure_compute import Clock, Lookups, Timing
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, lookups_for, synthetic_pool
 from torchrec_neuroshard.types import ShardingError, Task
+
+if TYPE_CHECKING:
+    from torchrec.distributed.types import ShardingPlan
 
 HERE = Path(__file__).parent
 PLANNERS = ("neuroshard", "torchrec", *BASELINES)
@@ -169,12 +172,16 @@ class PlannedTask:
 
     task: Task
     label: str
-    plans: dict
-    """planner name -> ShardingPlan."""
-    failures: dict
+    plans: dict[str, ShardingPlan]
+    failures: dict[str, str]
     """planner name -> the reason it has no plan."""
-    fits_cap: dict
+    fits_cap: dict[str, bool]
     """planner name -> whether the plan's weights fit the task's memory cap."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.plans) - set(self.fits_cap))
+        if unknown:
+            raise ValueError(f"plans {unknown} have no fits_cap entry; plan_task fills both")
 
 
 def plan_task(task: Task, label: str, config: StepConfig, planners: Sequence[str] = PLANNERS) -> PlannedTask:
