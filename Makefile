@@ -29,6 +29,7 @@ bench: venv
 	$(BIN)/python -m benchmarks.costmodel
 	$(BIN)/python -m benchmarks.search_speed
 	$(BIN)/python -m benchmarks.compare
+	$(BIN)/python -m benchmarks.validate_evaluator
 
 # Re-collect the shipped CPU datasets (resumable: re-run to continue), then re-train.
 data: venv

@@ -41,12 +41,13 @@ import argparse
 import datetime
 import json
 import logging
+import os
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +58,9 @@ from torchrec_neuroshard.lab.launch import default_device, spawn
 from torchrec_neuroshard.lab.measure_compute import Clock, Lookups, Timing
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, lookups_for, synthetic_pool
 from torchrec_neuroshard.types import ShardingError, Task
+
+if TYPE_CHECKING:
+    from torchrec.distributed.types import ShardingPlan
 
 HERE = Path(__file__).parent
 PLANNERS = ("neuroshard", "torchrec", *BASELINES)
@@ -168,12 +172,16 @@ class PlannedTask:
 
     task: Task
     label: str
-    plans: dict
-    """planner name -> ShardingPlan."""
-    failures: dict
+    plans: dict[str, ShardingPlan]
+    failures: dict[str, str]
     """planner name -> the reason it has no plan."""
-    fits_cap: dict
+    fits_cap: dict[str, bool]
     """planner name -> whether the plan's weights fit the task's memory cap."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.plans) - set(self.fits_cap))
+        if unknown:
+            raise ValueError(f"plans {unknown} have no fits_cap entry; plan_task fills both")
 
 
 def plan_task(task: Task, label: str, config: StepConfig, planners: Sequence[str] = PLANNERS) -> PlannedTask:
@@ -340,9 +348,17 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
     from torchrec_neuroshard.sharding import from_torchrec
 
     task = planned.task
+    load_before = os.getloadavg()[0]
     per_rank = spawn(_worker, task.num_devices, planned, task_bags(task, config), config) if planned.plans else []
     rows = []
-    base = {"task": planned.label, "tables": len(task.tables), "devices": task.num_devices, "batch_size": task.batch_size}
+    base = {
+        "task": planned.label,
+        "tables": len(task.tables),
+        "devices": task.num_devices,
+        "batch_size": task.batch_size,
+        # the machine's 1-minute load average before and after: how shared the cores were
+        "load_average": [load_before, os.getloadavg()[0]],
+    }
     for name, reason in planned.failures.items():
         rows.append({**base, "planner": name, "status": f"invalid: {reason}"})
     for name, plan in planned.plans.items():
@@ -370,6 +386,7 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
                 embedding_share=m.embedding_share,
                 step_cpu_ms=m.cpu.median_ms,
                 step_cpu_iqr_ms=m.cpu.iqr_ms,
+                step_samples_ms=list(m.step.samples_ms),
             )
         rows.append(row)
     return rows

@@ -60,6 +60,11 @@ def validate_task(task, label: str, config: StepConfig, rounds: int) -> list[dic
     return rows
 
 
+def _spread(xs: Sequence[float]) -> float:
+    """(max - min) / median: how far apart a task's plans are."""
+    return (max(xs) - min(xs)) / statistics.median(xs)
+
+
 def summarize(rows: Sequence[dict]) -> dict:
     """Agreement of the two measures, and the headline comparison on each."""
     ok = [r for r in rows if r["status"] == "ok" and "evaluator_ms" in r and r.get("fits_cap", True)]
@@ -95,6 +100,8 @@ def summarize(rows: Sequence[dict]) -> dict:
         ],
         "ns_vs_torchrec_agreement_cpu": agreement("step_cpu_ms") if cpu else float("nan"),
         "step_iqr_over_median": statistics.median(r["step_iqr_ms"] / r["step_ms"] for r in ok),
+        "step_plan_spread": statistics.median(_spread([r["step_ms"] for r in p.values()]) for p in by_task.values()),
+        "evaluator_plan_spread": statistics.median(_spread([r["evaluator_ms"] for r in p.values()]) for p in by_task.values()),
         "evaluator_iqr_over_median": statistics.median(r["evaluator_iqr_ms"] / r["evaluator_ms"] for r in ok),
     }
     for measure, key in (("evaluator", "evaluator_ms"), ("dmp_step", "step_ms"), ("dmp_step_cpu", "step_cpu_ms")):
@@ -131,7 +138,9 @@ def report(rows: Sequence[dict], summary: dict, command: str, config: StepConfig
         f"{statistics.median(summary['spearman_within_task_cpu'] or [float('nan')]):.3f}; NeuroShard-vs-TorchRec "
         f"agreement {100 * summary['ns_vs_torchrec_agreement_cpu']:.0f}%.",
         f"- Noise: median IQR / median of a plan's DMP step time {100 * summary['step_iqr_over_median']:.1f}%, "
-        f"of its evaluator cost over rounds {100 * summary['evaluator_iqr_over_median']:.1f}%.",
+        f"of its evaluator cost over rounds {100 * summary['evaluator_iqr_over_median']:.1f}%; a task's plans lie "
+        f"{100 * summary['step_plan_spread']:.1f}% apart in DMP step time ((max - min) / median, median over tasks), "
+        f"{100 * summary['evaluator_plan_spread']:.1f}% apart in evaluator cost.",
         "",
         "| measure | NeuroShard / TorchRec (geomean) | best heuristic per task / TorchRec | NeuroShard below every heuristic |",
         "|---|---|---|---|",
