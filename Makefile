@@ -39,9 +39,16 @@ data: venv
 	gzip -9 -c runs/cpu_compute.jsonl > torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz
 	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz
 
+# The shipped models; the older collections did not record the CPU's name or cores.
 model: venv
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz \
-		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz --out torchrec_neuroshard/pretrained/cpu.pt
+		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz --device-name "AMD EPYC" --cores 2 \
+		--out torchrec_neuroshard/pretrained/cpu.pt
+	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/intel_xeon_compute.jsonl.gz \
+		torchrec_neuroshard/lab/data/intel_xeon_comm_d2.jsonl.gz --cores 2 \
+		--out torchrec_neuroshard/pretrained/intel_xeon.pt
+	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/h200_compute.jsonl.gz \
+		--out torchrec_neuroshard/pretrained/h200.pt
 
 clean:
 	rm -rf $(VENV) *.egg-info

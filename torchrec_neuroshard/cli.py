@@ -45,7 +45,11 @@ def _pretrain(args: argparse.Namespace) -> None:
 
     from torchrec_neuroshard.lab.pretrain import pretrain_files
 
-    model = pretrain_files(args.data, epochs=args.epochs, seed=args.seed, exclude_world_sizes=args.exclude_world_size)
+    named = {"device_name": args.device_name, "cores": args.cores}
+    model = pretrain_files(
+        args.data, epochs=args.epochs, seed=args.seed, exclude_world_sizes=args.exclude_world_size,
+        hardware={k: v for k, v in named.items() if v is not None},
+    )  # fmt: skip
     model.save(args.out)
     print(json.dumps(model.meta["test"], indent=2))
     print(f"saved {args.out} (trained in {model.meta['train_seconds']} s)")
@@ -196,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=int, default=200)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--exclude-world-size", type=int, nargs="*", default=[], help="hold these world sizes out of training")
+    t.add_argument("--device-name", help="name the hardware when the samples do not (older collections)")
+    t.add_argument("--cores", type=int, help="CPU cores of the machine when the samples do not record them")
     t.set_defaults(func=_pretrain)
 
     k = sub.add_parser("calibrate", help="fine-tune the shipped cost model to this machine (minutes)")

@@ -294,13 +294,16 @@ def pretrain(
     seed: int = 0,
     exclude_world_sizes: Sequence[int] = (),
     progress: bool = True,
+    hardware: dict | None = None,
 ) -> NeuralCostModel:
     """Train the compute model, and the comm model if ``rows`` hold comm samples, on
     measured rows; the model's meta holds the hardware, the nets' constructor args and the
     test metrics.
 
     ``exclude_world_sizes`` drops those world sizes from training and validation (their
-    test samples are still scored: the unseen-world-size check).
+    test samples are still scored: the unseen-world-size check). ``hardware`` overrides
+    fields of the rows' hardware record (e.g. a CPU name or core count an older collector
+    did not record).
     """
     t0 = time.perf_counter()
     cdata = load_compute_data(rows)
@@ -308,7 +311,7 @@ def pretrain(
     cnet, cnorm, clog = train_compute(cdata.subset(tr), cdata.subset(va), epochs, seed, progress=progress)
     compute_rows = list(iter_kind(rows, "compute"))
     meta = {
-        "hardware": compute_rows[0]["hardware"],
+        "hardware": {**compute_rows[0]["hardware"], **(hardware or {})},
         "batch_size": compute_rows[0]["batch_size"],
         "max_tables_per_kernel": max(len(r["shards"]) for r in compute_rows),
         "bytes_per_element_trained": sorted({int(sh.get("bytes_per_element", 4)) for r in compute_rows for sh in r["shards"]}),
@@ -336,7 +339,7 @@ def pretrain(
         comm_test["all_seen"] = comm_metrics(mnet, mnorm, mdata.subset(te & seen))
         comm = NeuralComm(mnet, mnorm, meta["batch_size"])
         meta.update(
-            comm_hardware=comm_rows[0]["hardware"],
+            comm_hardware={**comm_rows[0]["hardware"], **(hardware or {})},
             comm_config=mnet.config,
             world_sizes_trained=sorted(set(mdata.world_size[seen].tolist())),
             comm_train={k: v for k, v in mlog.items() if k != "history"},
