@@ -226,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.set_defaults(func=_plan)
 
-    b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (costmodel, search_speed, compare, dmp_step)")
-    b.add_argument("which", choices=["costmodel", "search_speed", "compare", "dmp_step"])
+    b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (costmodel, search_speed, compare, dmp_step, transfer, fullsize)")
+    b.add_argument("which", choices=["costmodel", "search_speed", "compare", "dmp_step", "transfer", "fullsize"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
     return p
