@@ -152,27 +152,30 @@ def linear_extension_check(min_tables: int = 12, ks: tuple[int, ...] = (8, 6, 4)
 def report(rows: list[dict], trained: int) -> str:
     """The markdown table; ``trained`` is the most tables per kernel the model was trained on."""
     lines = [
-        "| D | planner | predicted embedding cost ms | vs TorchRec | bottleneck rank fwd/bwd compute + fwd/bwd comm ms | most shards on one device | planning s | notes |",
-        "|---|---|---|---|---|---|---|---|",
+        "| D | planner | predicted embedding cost ms | vs TorchRec | vs best heuristic | bottleneck rank fwd/bwd compute + fwd/bwd comm ms | most shards on one device | planning s | notes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for d in sorted({r["devices"] for r in rows}):
         by = {r["planner"]: r for r in rows if r["devices"] == d}
         ref = by.get("torchrec", {}).get("predicted_ms")
+        heuristics = [by[n]["predicted_ms"] for n in BASELINES if by.get(n, {}).get("status") == "ok"]
+        best = min(heuristics) if heuristics else None
         for name in PLANNERS:
             r = by.get(name)
             if r is None:
                 continue
             if r["status"] != "ok":
-                lines.append(f"| {d} | {name} | - | - | - | - | {r['planning_s']} | {r['status']} |")
+                lines.append(f"| {d} | {name} | - | - | - | - | - | {r['planning_s']} | {r['status']} |")
                 continue
             rel = f"{r['predicted_ms'] / ref:.3f}" if ref else "-"
+            vs_best = f"{r['predicted_ms'] / best:.3f}" if best else "-"
             b = r["bottleneck"]
             notes = [r["note"]] if r["note"] else []
             notes.append(", ".join(f"{k} {v}" for k, v in sorted(r["kinds"].items())))
             if r["unpriced"]:
                 notes.append(f"{r['unpriced']} row-wise / data-parallel tables not priced")
             lines.append(
-                f"| {d} | {name} | {r['predicted_ms']:.2f} | {rel} | {b[0]:.2f}/{b[1]:.2f} + {b[2]:.2f}/{b[3]:.2f} "
+                f"| {d} | {name} | {r['predicted_ms']:.2f} | {rel} | {vs_best} | {b[0]:.2f}/{b[1]:.2f} + {b[2]:.2f}/{b[3]:.2f} "
                 f"| {r['max_shards_per_device']}{'' if r['max_shards_per_device'] <= trained else ' (beyond the model)'} "
                 f"| {r['planning_s']} | {'; '.join(notes)} |"
             )

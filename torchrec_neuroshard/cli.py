@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -59,6 +60,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     import torch
 
     from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
+    from torchrec_neuroshard.hardware import cpu_cores
     from torchrec_neuroshard.lab import collect
     from torchrec_neuroshard.lab.calibrate import CALIBRATION_SEED, calibration_indices, fine_tune
     from torchrec_neuroshard.lab.launch import default_device
@@ -66,6 +68,13 @@ def _calibrate(args: argparse.Namespace) -> None:
 
     t0 = time.perf_counter()
     device = torch.device(args.device) if args.device else default_device()
+    load, cores = os.getloadavg()[0], cpu_cores()
+    if load > cores:
+        print(
+            f"warning: this machine is busy (load average {load:.1f} on {cores} cores): the samples measured "
+            "now will time a loaded machine, and so will the calibrated model. Calibrate on a quiet machine.",
+            file=sys.stderr,
+        )
     if args.base is None:
         base = pretrained_for(device.type)
     elif Path(args.base).suffix == ".pt" or Path(args.base).exists():
