@@ -27,7 +27,7 @@ import torch
 
 from torchrec_neuroshard.lab.collect import compute_noise, comm_noise, iter_kind, read_rows, shard_from_record
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
-from torchrec_neuroshard.hardware import model_vs_machine
+from torchrec_neuroshard.hardware import local_hardware, model_vs_machine
 from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
@@ -103,26 +103,33 @@ def main(argv: list[str] | None = None) -> None:
     tr = torch.tensor(torchrec_estimates(test_rows, device=device), dtype=torch.float64)
     truth = cdata.subset(test).y.sum(1).double()
     print(f"## Compute model (test split: {ours['samples']} fused multi-table kernels, unseen table sets)\n")
-    print("| estimator | fwd+bwd MAPE % | Spearman | fwd MAPE % | bwd MAPE % |")
-    print("|---|---|---|---|---|")
-    print(f"| NeuroShard (ours) | {ours['mape_total']:.1f} | {ours['spearman_total']:.3f} | {ours['mape_fwd']:.1f} | {ours['mape_bwd']:.1f} |")
-    print(f"| TorchRec EmbeddingPerfEstimator | {mape(tr, truth):.1f} | {spearman(tr, truth):.3f} | - | - |")
+    tested = cdata.subset(test)
+    with torch.no_grad():
+        pred = model.compute_net(model.compute_norm(tested.x), tested.sample, len(tested))
+    ratio = float((pred.exp().sum(1).double() / truth).median())
+    print("| estimator | fwd+bwd MAPE % | Spearman | fwd MAPE % | bwd MAPE % | median predicted / measured |")
+    print("|---|---|---|---|---|---|")
+    print(f"| NeuroShard (ours) | {ours['mape_total']:.1f} | {ours['spearman_total']:.3f} | {ours['mape_fwd']:.1f} | {ours['mape_bwd']:.1f} | {ratio:.3f} |")
     scale = float((truth / tr).median())
-    print(f"| TorchRec, rescaled by its median ratio ({scale:.3g}) | {mape(tr * scale, truth):.1f} | {spearman(tr, truth):.3f} | - | - |")
+    print(f"| TorchRec EmbeddingPerfEstimator | {mape(tr, truth):.1f} | {spearman(tr, truth):.3f} | - | - | {1 / scale:.3f} |")
+    print(f"| TorchRec, rescaled by its median ratio ({scale:.3g}) | {mape(tr * scale, truth):.1f} | {spearman(tr, truth):.3f} | - | - | 1 |")
 
-    if model.comm is None or not any(True for _ in iter_kind(rows, "comm")):
+    if model.comm is None:
         print(
-            "\nNo comm model or no comm samples: this model is compute-only (measured on one GPU; "
-            "planning pairs it with the alpha-beta comm stand-in from the topology)."
+            "\nThis model is compute-only (measured on one GPU; planning pairs it with the "
+            "alpha-beta comm stand-in from the topology)."
         )
+    elif not any(True for _ in iter_kind(rows, "comm")):
+        print("\nNo comm samples in --data: the comm model is not scored.")
     else:
         _comm_tables(args, model, rows, seed)
-    if args.noise_samples and mismatch is None:
+    here = local_hardware(device)
+    if args.noise_samples and here is not None and mismatch is None:
         _noise(args)
     elif args.noise_samples:
         print(
-            f"\nNoise floor: not measured, this machine is not the model's ({mismatch.split(':')[0]}); "
-            "see the noise floor in the model's datasheet (torchrec_neuroshard/lab/data/DATASHEET*.md)"
+            f"\nNoise floor: not measured, this machine is not the model's ({line}); see the noise "
+            "floor in the model's datasheet (torchrec_neuroshard/lab/data/DATASHEET*.md)"
         )
     _inference_speed(args, model, test_rows)
 
@@ -187,7 +194,7 @@ def _inference_speed(args: argparse.Namespace, model: NeuralCostModel, test_rows
     size_kb = args.model.stat().st_size / 1024
     params = sum(p.numel() for p in model.compute_net.parameters()) + (sum(p.numel() for p in model.comm.net.parameters()) if model.comm is not None else 0)
     print(f"\nModel {args.model.name}: {params:,} parameters, {size_kb:.0f} KiB, trained in {meta['train_seconds']} s "
-          f"on {meta['hardware']['device']} ({meta['hardware']['device_name']}), batch {meta['batch_size']}, "
+          f"on samples measured on {model.hardware.describe()}, batch {meta['batch_size']}, "
           f"world sizes {meta['world_sizes_trained']}")
 
 

@@ -173,5 +173,6 @@ def fine_tune(
     else:
         meta["world_sizes_trained"] = []
     record["seconds"] = round(time.perf_counter() - t0, 1)
+    meta["train_seconds"] = record["seconds"]
     meta["calibration"] = record
     return NeuralCostModel(net, norm, comm, meta)
