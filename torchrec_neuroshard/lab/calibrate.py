@@ -21,11 +21,9 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Hashable, Sequence
 
 import numpy as np
-import torch
 
 from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
 from torchrec_neuroshard.lab.collect import draw_compute_sample, iter_kind, shard_from_record
