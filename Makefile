@@ -48,6 +48,7 @@ model: venv
 		torchrec_neuroshard/lab/data/intel_xeon_comm_d2.jsonl.gz --cores 2 \
 		--out torchrec_neuroshard/pretrained/intel_xeon.pt
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/h200_compute.jsonl.gz \
+		torchrec_neuroshard/lab/data/h200_compute_seed5.jsonl.gz torchrec_neuroshard/lab/data/h200_compute_fp16.jsonl.gz \
 		--out torchrec_neuroshard/pretrained/h200.pt
 
 clean:

@@ -113,6 +113,12 @@ def main(argv: list[str] | None = None) -> None:
     scale = float((truth / tr).median())
     print(f"| TorchRec EmbeddingPerfEstimator | {mape(tr, truth):.1f} | {spearman(tr, truth):.3f} | - | - | {1 / scale:.3f} |")
     print(f"| TorchRec, rescaled by its median ratio ({scale:.3g}) | {mape(tr * scale, truth):.1f} | {spearman(tr, truth):.3f} | - | - | 1 |")
+    precision = [r.get("weights_precision", "fp32") for r in test_rows]
+    if len(set(precision)) > 1:  # the held-out kernels of each weight dtype apart
+        total = pred.exp().sum(1).double()
+        for name in sorted(set(precision)):
+            keep = torch.tensor([p == name for p in precision])
+            print(f"| NeuroShard, {name} kernels only ({int(keep.sum())}) | {mape(total[keep], truth[keep]):.1f} | {spearman(total[keep], truth[keep]):.3f} | - | - | - |")
 
     if model.comm is None:
         print(

@@ -39,7 +39,7 @@ from torchrec_neuroshard.costmodel import cost_model_for, load_pretrained
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
+from torchrec_neuroshard.lab.torchrec_baseline import topology_for as torchrec_topology, torchrec_plan
 from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import predicted_breakdown, search
 from torchrec_neuroshard.sharding import from_torchrec
@@ -65,12 +65,7 @@ def full_size_task(num_devices: int, seed: int = 0) -> Task:
 
 
 def topology_for(task: Task) -> Topology:
-    return Topology(
-        world_size=task.num_devices,
-        compute_device="cuda",
-        hbm_cap=task.memory_cap_bytes,
-        local_world_size=min(GPUS_PER_HOST, task.num_devices),
-    )
+    return torchrec_topology(task, "cuda", min(GPUS_PER_HOST, task.num_devices))
 
 
 def plan_with(name: str, task: Task, model, torchrec_limit: int) -> tuple[Plan, str]:

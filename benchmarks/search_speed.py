@@ -21,9 +21,9 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.planner import ParameterConstraints, Topology
+from torchrec.distributed.planner import ParameterConstraints
 
-from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
+from torchrec_neuroshard.lab.torchrec_baseline import topology_for, torchrec_plan
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
 from torchrec_neuroshard.costmodel import pretrained_for
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         task = generate_task(pool, 60, 4, WorkloadScale(), seed=64)
         module = module_for_tables(task.tables)
-        topology = Topology(world_size=4, compute_device="cpu", ddr_cap=task.memory_cap_bytes, local_world_size=4)
+        topology = topology_for(task)
         constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
         times = []
         for _ in range(args.repeats):

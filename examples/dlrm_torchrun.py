@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import ParameterConstraints, Topology
+from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.types import ShardingPlan
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRMTrain
@@ -38,7 +38,8 @@ from torchrec_neuroshard.lab.launch import init_from_env
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 from torchrec_neuroshard.types import TableSpec, Task
-from torchrec_neuroshard.lab.workloads import WorkloadScale, lookups_for, synthetic_pool, table_spec
+from torchrec_neuroshard.lab.torchrec_baseline import topology_for
+from torchrec_neuroshard.lab.workloads import WorkloadScale, lookups_for, memory_cap, synthetic_pool, table_spec
 
 PLANNERS = ("neuroshard", "torchrec", *BASELINES)
 DENSE_FEATURES = 13
@@ -54,9 +55,7 @@ def build_task(args: argparse.Namespace, world: int) -> Task:
     scale = WorkloadScale(row_divisor=args.row_divisor, batch_size=args.batch_size)
     chosen = rng.choice(len(pool), args.tables, replace=False)
     tables = tuple(table_spec(pool[i], args.dim, scale, name=f"t{i}") for i in chosen)
-    total = sum(t.size_bytes() for t in tables)
-    cap = int(max(1.3 * total / world, 1.05 * max(t.size_bytes() for t in tables)))
-    return Task(tables, world, cap, args.batch_size)
+    return Task(tables, world, memory_cap(tables, world), args.batch_size)
 
 
 def make_model(task: Task, device: torch.device) -> DLRMTrain:
@@ -74,8 +73,7 @@ def make_model(task: Task, device: torch.device) -> DLRMTrain:
 
 def make_plan(name: str, task: Task, model: torch.nn.Module, sharders: list, device: torch.device) -> ShardingPlan:
     world = task.num_devices
-    mem = {"hbm_cap": task.memory_cap_bytes} if device.type == "cuda" else {"ddr_cap": task.memory_cap_bytes}
-    topology = Topology(world_size=world, compute_device=device.type, local_world_size=world, **mem)
+    topology = topology_for(task, device.type)
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
     if name == "neuroshard":
         planner = NeuroShardPlanner(topology, batch_size=task.batch_size // world, constraints=constraints, storage_reservation=0.0)

@@ -146,7 +146,6 @@ def _local_weights(dmp: nn.Module) -> dict[str, torch.Tensor]:
 def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_estimator: bool = False) -> dict:
     """Worker: plan ``two_tower`` with collective_plan (NeuroShardPlanner, or TorchRec's
     planner with the neural estimator), shard with DMP, compare with the reference."""
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator

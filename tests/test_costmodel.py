@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.costmodel import (
     NeuralCostModel,
     device_features,

@@ -6,14 +6,19 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from torchrec_neuroshard.access import access_histogram, uniform_access_histogram
-from torchrec_neuroshard.types import NUM_ACCESS_BINS, WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableSpec
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableSpec
+
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import ModuleSharder
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +51,7 @@ TBE, int8 and lower are inference-only). Whether the cost model has seen a dtype
 checked when it prices it."""
 
 
-def shardable_modules(module: nn.Module, sharders: Sequence["ModuleSharder"]) -> dict[str, tuple[nn.Module, "ModuleSharder"]]:  # noqa: F821
+def shardable_modules(module: nn.Module, sharders: Sequence[ModuleSharder]) -> dict[str, tuple[nn.Module, ModuleSharder]]:
     """Every module of ``module`` that one of ``sharders`` shards (matched by exact type,
     as TorchRec matches them), by attribute path ('' for the root), in module order. A
     module inside a matched one (an FP-EBC's inner EBC) belongs to it and is not listed."""
@@ -78,9 +83,9 @@ def _configs(path: str, module: nn.Module) -> tuple[list, bool]:
 def module_tables(
     module: nn.Module,
     batch_size: int,
-    constraints: Mapping[str, "ParameterConstraints"] | None = None,  # noqa: F821
+    constraints: Mapping[str, ParameterConstraints] | None = None,
     access_hists: Mapping[str, tuple[float, ...]] | None = None,
-    sharders: Sequence["ModuleSharder"] | None = None,  # noqa: F821
+    sharders: Sequence[ModuleSharder] | None = None,
     compute_device: str = "cpu",
 ) -> tuple[ModuleTable, ...]:
     """One walk of ``module``: every table of every module a sharder shards (EBCs, ECs,
@@ -197,7 +202,7 @@ def _kinds(sharding_types: Iterable[str], where: str) -> frozenset[ShardingKind]
     return frozenset(kinds)
 
 
-def _check_kernels(table: str, c: "ParameterConstraints") -> None:  # noqa: F821
+def _check_kernels(table: str, c: ParameterConstraints) -> None:
     if c.compute_kernels and "fused" not in c.compute_kernels:
         raise ShardingError(
             f"table {table!r}: constraints allow compute kernels {list(c.compute_kernels)}; "
@@ -207,7 +212,7 @@ def _check_kernels(table: str, c: "ParameterConstraints") -> None:  # noqa: F821
 
 
 def profile_batches(
-    batches: Iterable["KeyedJaggedTensor"],  # noqa: F821
+    batches: Iterable[KeyedJaggedTensor],
     feature_to_table: Mapping[str, str],
 ) -> tuple[dict[str, float], dict[str, tuple[float, ...]]]:
     """Measure pooling factor and access histogram of each table from real KJT batches.

@@ -89,15 +89,9 @@ def shard_record(shard: Shard) -> dict:
 
 
 def shard_from_record(r: dict) -> Shard:
-    spec = TableSpec(
-        name=r["name"],
-        rows=int(r["rows"]),
-        dim=int(r["width"]),
-        pooling_factor=float(r["pooling_factor"]),
-        access_hist=tuple(r["access_hist"]),
-        bytes_per_element=int(r.get("bytes_per_element", 4)),
-    )
-    return Shard(spec, int(r["width"]))
+    """The shard a record describes: a table as wide as the shard (TableSpec's own reader)."""
+    spec = TableSpec.from_dict({**r, "dim": r["width"]})
+    return Shard(spec, spec.dim)
 
 
 # ---------------------------------------------------------------- compute samples

@@ -163,7 +163,6 @@ def measure_compute(
         grad = torch.ones(rows, cols, device=device)
         # the fused kernel updates its weights in backward
         measured = time_forward_backward(lambda: kernel(indices, offsets), lambda out: out.backward(grad), device, warmup, repeats)
-        del kernel
     return measured
 
 
@@ -201,7 +200,6 @@ def measure_replicated_compute(
                     p.grad = None
 
         measured = time_forward_backward(lambda: kernel(indices, offsets), backward, device, warmup, repeats)
-        del kernel
     return measured
 
 

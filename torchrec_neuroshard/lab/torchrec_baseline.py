@@ -24,6 +24,19 @@ if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
 
 
+def topology_for(task: Task, device_type: str = "cpu", local_world_size: int | None = None, with_memory: bool = True):
+    """The TorchRec ``Topology`` of a task: its devices, the task's memory cap as each rank's
+    (hbm on cuda, ddr on cpu; TorchRec's defaults when ``with_memory`` is off), and
+    ``local_world_size`` ranks per host (default all on one host)."""
+    from torchrec.distributed.planner import Topology
+
+    mem = {("hbm_cap" if device_type == "cuda" else "ddr_cap"): task.memory_cap_bytes} if with_memory else {}
+    return Topology(
+        world_size=task.num_devices, compute_device=device_type,
+        local_world_size=local_world_size or task.num_devices, **mem,
+    )
+
+
 def per_rank_batch(task: Task) -> int:
     """The batch one rank feeds its model: what TorchRec's planner calls ``batch_size``."""
     if task.batch_size % task.num_devices:
@@ -55,7 +68,7 @@ def torchrec_plan(
     ``PlannerError`` when it finds no plan.
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -63,10 +76,7 @@ def torchrec_plan(
     from torchrec_neuroshard.tables import module_for_tables
 
     batch = per_rank_batch(task)
-    mem = {} if default_memory else {"hbm_cap" if device_type == "cuda" else "ddr_cap": task.memory_cap_bytes}
-    topology = Topology(
-        world_size=task.num_devices, compute_device=device_type, local_world_size=task.num_devices, **mem
-    )
+    topology = topology_for(task, device_type, with_memory=not default_memory)
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
     enumerator = performance_model = None
     if neural is not None:

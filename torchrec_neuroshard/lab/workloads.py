@@ -208,10 +208,15 @@ def generate_task(
         table_spec(pool[i], int(rng.choice(dims)), scale, name=f"{pool[i].name}_{k}")
         for k, i in enumerate(chosen)
     )
+    return Task(tables, num_devices, memory_cap(tables, num_devices, memory_slack), scale.batch_size)
+
+
+def memory_cap(tables: Sequence[TableSpec], num_devices: int, memory_slack: float = 1.3) -> int:
+    """A task's memory per device: ``memory_slack`` x an even share of the weights, and at
+    least 1.05 x the largest table (so every table fits somewhere whole)."""
     total = sum(t.size_bytes() for t in tables)
     largest = max(t.size_bytes() for t in tables)
-    cap = int(max(memory_slack * total / num_devices, 1.05 * largest))
-    return Task(tables, num_devices, cap, scale.batch_size)
+    return int(max(memory_slack * total / num_devices, 1.05 * largest))
 
 
 def pool_reuse_histogram(
