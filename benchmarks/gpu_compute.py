@@ -172,8 +172,9 @@ def report(path: Path = MEASURED) -> str:
         mape = statistics.fmean(abs(p - m) / m for p, m in pairs)
         rho = spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic
         lines.append(
-            f"The shipped H200 compute model's prediction of these devices (it prices column shards only: a device "
-            f"holding row blocks or replicas is under-predicted): MAPE {100 * mape:.1f}%, Spearman {rho:.3f} over "
+            f"The H200 compute model's prediction of these devices, as stored by `prepare` (the fp32-only h200.pt "
+            f"that planned them; it prices column shards only: a device holding row blocks or replicas is "
+            f"under-predicted): MAPE {100 * mape:.1f}%, Spearman {rho:.3f} over "
             f"{len(pairs)} devices."
         )
     return "\n".join(lines)
