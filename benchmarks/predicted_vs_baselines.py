@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         "\nCells: geometric mean of predicted cost / NeuroShard's predicted cost (> 1: worse than "
         "NeuroShard); invalid plans left out. TorchRec's plans replicate some tables (data_parallel), "
         "which the model does not price (no local-batch kernel or gradient all-reduce term), so its "
-        "predicted figures are optimistic: measured, its plans cost 1.40x NeuroShard's (compare.md)."
+        "predicted figures are optimistic; compare.md has them measured (TorchRec at its per-rank batch)."
     )
 
 
