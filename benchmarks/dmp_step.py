@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchrec_neuroshard.costmodel import pretrained_for
+from torchrec_neuroshard.hardware import model_vs_machine
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.launch import default_device, spawn
 from torchrec_neuroshard.lab.measure_compute import Clock, Lookups, Timing
@@ -192,13 +194,12 @@ def plan_task(task: Task, label: str, config: StepConfig, planners: Sequence[str
     from torchrec.distributed.planner.types import PlannerError
 
     from benchmarks.compare import plan_task as plan_ours
-    from torchrec_neuroshard.costmodel import load_pretrained
     from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
     from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 
     device_type = default_device().type
     model = StepModel(task, config, torch.device("cpu"))
-    cost_model = load_pretrained()
+    cost_model = pretrained_for(device_type)  # the shipped model for this machine (main() checks it)
     plans, failures, fits = {}, {}, {}
     for name in planners:
         try:
@@ -467,7 +468,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--planners", default=",".join(PLANNERS))
     p.add_argument("--quick", action="store_true", help="2 small tasks, few steps (the smoke test)")
     p.add_argument("--out", type=Path, default=HERE / "results", help="directory for dmp_step.jsonl / .md")
+    p.add_argument("--allow-mismatch", action="store_true", help="plan with a model of other hardware than this machine")
     args = p.parse_args(argv)
+    device_type = default_device().type
+    line, why = model_vs_machine(pretrained_for(device_type).hardware, device_type)
+    print(line)
+    if why and not args.allow_mismatch:
+        raise ShardingError(f"{why}. Or pass --allow-mismatch to measure the mismatch itself")
     logging.getLogger("torchrec").setLevel(logging.ERROR)  # its topology notice, once per plan
     planners = args.planners.split(",")
     unknown = sorted(set(planners) - set(PLANNERS))
