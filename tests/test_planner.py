@@ -259,5 +259,12 @@ def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
     # the shipped CPU model was trained on fp32 kernels only: fp16 is refused, not mispredicted
     with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model was trained on \[4\]-byte"):
         NeuroShardPlanner(topology()).plan(model(DataType.FP16), SHARDERS)
+    # the same refusal for every caller of the model (estimators, CLI, benchmarks)
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.types import Shard, TableSpec
+
+    fp16 = TableSpec("h", 100, 16, 1.0, (1.0,) + (0.0,) * 16, bytes_per_element=2)
+    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights"):
+        load_pretrained("cpu").compute_cost([[Shard(fp16, 16)]])
     with pytest.raises(ShardingError, match=r"table 'h' \(module ''\) has BF16 weights"):
         NeuroShardPlanner(topology()).plan(model(DataType.BF16), SHARDERS)

@@ -237,6 +237,14 @@ class NeuralCostModel(CostModel):
     def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
         """The compute net's shard embeddings plus a last column of ones: pooled over a
         device, that column counts its shards (see ``device_cost``)."""
+        seen = self.meta.get("bytes_per_element_trained", [4])  # models before the field: fp32 only
+        unseen = next((s.table for s in shards if s.table.bytes_per_element not in seen), None)
+        if unseen is not None:
+            raise ShardingError(
+                f"table {unseen.name!r} has {unseen.bytes_per_element}-byte weights, but the cost model was "
+                f"trained on {seen}-byte weights only: collect such kernels (`neuroshard collect compute "
+                "--precision fp16`) and pretrain, or plan this model with TorchRec's planner"
+            )
         emb = self.compute_net.table(self.compute_norm(shard_features(shards))).numpy()
         return np.concatenate([emb, np.ones((emb.shape[0], 1), dtype=emb.dtype)], axis=1)
 

@@ -103,7 +103,12 @@ class NeuroShardPlanner(ShardingPlanner):
     # ------------------------------------------------------------------ public API
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
-        """Plan every EmbeddingBagCollection in ``module`` (single process)."""
+        """Plan every module of ``module`` that one of ``sharders`` shards (single process)."""
+        if self.stats is not None:
+            raise ShardingError(
+                f"stats={self.stats!r}: TorchRec Stats objects read TorchRec's sharding options, which "
+                "NeuroShardPlanner does not build; pass debug=True for its plan table instead"
+            )
         world = self.topology.world_size
         tables = module_tables(
             module, self._global_batch(), self.constraints, self.access_hists, sharders, self.topology.compute_device
@@ -111,11 +116,6 @@ class NeuroShardPlanner(ShardingPlanner):
         if not tables:
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
-        if self.stats is not None:
-            raise ShardingError(
-                f"stats={self.stats!r}: TorchRec Stats objects read TorchRec's sharding options, which "
-                "NeuroShardPlanner does not build; pass debug=True for its plan table instead"
-            )
         cap = self._memory_cap(module, sharders)
         decided = triage(tables, world, self.topology.local_world_size, cap)
         for name, why in decided.reasons:
@@ -179,14 +179,6 @@ class NeuroShardPlanner(ShardingPlanner):
         )
         min_width = {t.spec.name: t.min_width if t.allowed & SPLIT_KINDS else t.spec.dim for t in decided.searched}
         model = self._cost_model()
-        seen_bytes = model.meta.get("bytes_per_element_trained", [4])
-        for t in decided.searched:
-            if t.spec.bytes_per_element not in seen_bytes:
-                raise ShardingError(
-                    f"table {t.spec.name!r} has {t.spec.bytes_per_element}-byte weights, but the cost model "
-                    f"was trained on {seen_bytes}-byte weights only: collect such kernels (`neuroshard collect "
-                    f"compute --precision fp16`) and pretrain, or plan this model with TorchRec's planner"
-                )
         sequence = sorted(t.spec.name for t in decided.searched if not t.pooled)
         if sequence:
             logger.warning(
@@ -211,10 +203,11 @@ class NeuroShardPlanner(ShardingPlanner):
         model = cost_model_for(self.topology, self.cost_model)
         world = self.topology.world_size
         check_world_size(model, world)
-        if self._global_batch() != model.batch_size:
+        batch = self._global_batch()
+        if batch != model.batch_size:
             logger.info(
                 "global batch %d (per-rank %d x %d ranks) differs from the cost model's %d: predictions scaled by %.3g",
-                self._global_batch(), self._global_batch() // world, world, model.batch_size, self._global_batch() / model.batch_size,
+                batch, batch // world, world, model.batch_size, batch / model.batch_size,
             )
         return model
 
