@@ -51,7 +51,7 @@ def to_torchrec(
         name = t.spec.name
         if name not in placements:
             raise ShardingError(
-                f"table {name!r} (EBC at {t.path!r}) is not in the plan; plan it with the same module you shard"
+                f"table {name!r} (module at {t.path!r}) is not in the plan; plan it with the same module you shard"
             )
         seen.add(name)
         module_plan = module_plans.setdefault(t.path, EmbeddingModuleShardingPlan())

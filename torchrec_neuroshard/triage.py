@@ -67,7 +67,8 @@ def triage(tables: Sequence[ModuleTable], world_size: int, local_world_size: int
                 f"({cap_bytes:,} bytes after reservations) and its constraints allow only "
                 f"{sorted(k.value for k in t.allowed)}; allow column_wise or row_wise, or add memory"
             )
-    fixed_tables = [t.spec for t in tables if t.spec.name in {p.table for p in decided}]
+    decided_names = {p.table for p in decided}
+    fixed_tables = [t.spec for t in tables if t.spec.name in decided_names]
     fixed_memory = max(Plan(tuple(decided), world_size).device_memory(fixed_tables), default=0)
     search_cap = cap_bytes - fixed_memory
     if searched and search_cap <= 0:
