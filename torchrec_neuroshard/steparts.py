@@ -1,0 +1,144 @@
+"""The parts of a sharded step beyond the table-wise/column-wise kernels and their pooled
+all-to-all: linear cost models fitted on measured samples (``neuroshard collect step``).
+
+Each part is a small linear model over physically meaningful features (a fixed cost, a
+per-peer latency, megabytes moved or touched), fitted with non-negative coefficients to
+minimise relative error. Every feature is written once, here, as a function of what a
+rank does, so the collector, the fit and the planner cannot disagree on a unit:
+
+- ``input_dist``: one KJT input distribution of one lookup group (the splits, the int32
+  lengths and the int64 indices all-to-alls) as seen by one rank;
+- ``all_reduce``: the data-parallel gradient all-reduce of ``nbytes``;
+- ``reduce_scatter`` / ``all_gather``: a row-wise group's pooled partial sums forward and
+  their gradients backward, ``nbytes`` being the whole buffer every rank holds;
+- ``dp_fwd`` / ``dp_bwd``: the dense TBE DMP runs for the data-parallel tables of one
+  module at the local batch (forward; backward with the dense gradient and the update).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from torchrec_neuroshard.types import ShardingError
+
+MB = 1e6
+
+PART_FEATURES: dict[str, tuple[str, ...]] = {
+    "input_dist": ("one", "peers", "send_mb", "recv_mb"),
+    "all_reduce": ("one", "peers", "ring_mb"),
+    "reduce_scatter": ("one", "peers", "ring_mb"),
+    "all_gather": ("one", "peers", "ring_mb"),
+    "dp_fwd": ("one", "lookup_mb", "output_mb"),
+    "dp_bwd": ("one", "lookup_mb", "output_mb", "table_mb"),
+}
+"""The features of every part, in column order."""
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def input_dist_features(world_size: int, send_bytes: float, recv_bytes: float) -> list[float]:
+    """One rank's share of one KJT input distribution: the bytes it sends to and receives
+    from the other ranks (its own slice stays local)."""
+    return [1.0, float(world_size - 1), send_bytes / MB, recv_bytes / MB]
+
+
+def collective_features(op: str, world_size: int, nbytes: float) -> list[float]:
+    """A ring collective over ``nbytes`` (the buffer every rank holds): an all-reduce
+    moves 2 (D-1)/D of it per rank, a reduce-scatter or all-gather (D-1)/D."""
+    if op not in COLLECTIVES:
+        raise ValueError(f"unknown collective {op!r}; one of {COLLECTIVES}")
+    share = (world_size - 1) / world_size * (2.0 if op == "all_reduce" else 1.0)
+    return [1.0, float(world_size - 1), share * nbytes / MB]
+
+
+def dp_features(part: str, lookup_elements: float, output_elements: float, table_elements: float, bytes_per_element: int) -> list[float]:
+    """One dense TBE over one module's data-parallel tables at the local batch.
+
+    Args:
+        lookup_elements: summed over its tables, the local batch's lookups x the table's dim
+            (the weight elements read forward, and whose gradients are written backward);
+        output_elements: local batch x the summed dims (the pooled output);
+        table_elements: rows x dim summed over its tables (the dense gradient and the update).
+    """
+    lookup_mb = lookup_elements * bytes_per_element / MB
+    output_mb = output_elements * 4 / MB
+    if part == "dp_fwd":
+        return [1.0, lookup_mb, output_mb]
+    if part == "dp_bwd":
+        return [1.0, lookup_mb, output_mb, table_elements * bytes_per_element / MB]
+    raise ValueError(f"unknown data-parallel part {part!r}")
+
+
+@dataclass(frozen=True)
+class LinearPart:
+    """ms = features . coef, with coef >= 0 (a part never gets faster with more work)."""
+
+    name: str
+    coef: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.name not in PART_FEATURES:
+            raise ShardingError(f"unknown step part {self.name!r}; known: {sorted(PART_FEATURES)}")
+        if len(self.coef) != len(PART_FEATURES[self.name]):
+            raise ShardingError(
+                f"step part {self.name!r}: {len(self.coef)} coefficients for features {PART_FEATURES[self.name]}"
+            )
+        if not all(np.isfinite(c) and c >= 0 for c in self.coef):
+            raise ShardingError(f"step part {self.name!r}: coefficients must be finite and >= 0, got {self.coef}")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return PART_FEATURES[self.name]
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """ms [N] of feature rows x [N, F]."""
+        return np.asarray(x, dtype=np.float64) @ np.asarray(self.coef)
+
+    @staticmethod
+    def fit(name: str, x: np.ndarray, y_ms: np.ndarray) -> "LinearPart":
+        """Non-negative least squares on relative error: rows weighted by 1 / y."""
+        from scipy.optimize import nnls
+
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y_ms, dtype=np.float64)
+        if x.ndim != 2 or x.shape[1] != len(PART_FEATURES[name]) or len(y) != len(x):
+            raise ShardingError(f"step part {name!r}: features {x.shape} do not match {PART_FEATURES[name]} / targets {y.shape}")
+        if len(y) < 2 * x.shape[1] or not np.all(np.isfinite(y)) or np.any(y <= 0):
+            raise ShardingError(
+                f"step part {name!r}: need >= {2 * x.shape[1]} finite positive timings, got {len(y)}; "
+                "collect more with `neuroshard collect step`"
+            )
+        weight = 1.0 / y
+        coef, _ = nnls(x * weight[:, None], np.ones_like(y))
+        return LinearPart(name, tuple(float(c) for c in coef))
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """The fitted parts of one hardware kind, by name (a model file stores them)."""
+
+    parts: Mapping[str, LinearPart]
+
+    def __post_init__(self) -> None:
+        for name, part in self.parts.items():
+            if name != part.name:
+                raise ShardingError(f"step part stored as {name!r} is a {part.name!r} part")
+
+    def has(self, *names: str) -> bool:
+        return all(n in self.parts for n in names)
+
+    def predict(self, name: str, x: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+        if name not in self.parts:
+            raise ShardingError(
+                f"this cost model has no {name!r} part; collect it (`neuroshard collect step`) and pretrain"
+            )
+        return self.parts[name].predict(np.asarray(x, dtype=np.float64).reshape(-1, len(PART_FEATURES[name])))
+
+    def to_dict(self) -> dict:
+        return {name: list(p.coef) for name, p in sorted(self.parts.items())}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Sequence[float]]) -> "StepParts":
+        return StepParts({name: LinearPart(name, tuple(float(c) for c in coef)) for name, coef in d.items()})
