@@ -33,6 +33,7 @@ from torchrec_neuroshard.lab.evaluate import evaluate_plans
 from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.search import SearchConfig, default_scales, search
 from torchrec_neuroshard.sharding import from_torchrec
+from torchrec_neuroshard.tables import sharder_choices
 from torchrec_neuroshard.types import Plan, ShardingError, Task
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
@@ -74,15 +75,16 @@ def load_suite(path: Path) -> list[Task]:
 
 def plan_task(name: str, task: Task, model: NeuralCostModel) -> Plan:
     device_type = default_device().type
+    choices = sharder_choices(task.tables, device_type)  # what TorchRec's default sharder offers here
     if name == "neuroshard":
-        return search(task, model).plan
+        return search(task, model, choices=choices).plan
     if name == "neuroshard_nolocal":
-        return search(task, model, SearchConfig(local_search=False)).plan
+        return search(task, model, SearchConfig(local_search=False), choices).plan
     if name == "neuroshard_prototype":
         # the published algorithm alone: no baseline seeding, no local pass, no
         # unconstrained last grid point
         config = SearchConfig(scales=default_scales()[:-1], local_search=False, seed_with_baselines=False)
-        return search(task, model, config).plan
+        return search(task, model, config, choices).plan
     if name == "torchrec":
         return from_torchrec(torchrec_plan(task, device_type), task.num_devices)
     if name == "torchrec_neural":

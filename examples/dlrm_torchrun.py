@@ -55,7 +55,7 @@ def build_task(args: argparse.Namespace, world: int) -> Task:
     scale = WorkloadScale(row_divisor=args.row_divisor, batch_size=args.batch_size)
     chosen = rng.choice(len(pool), args.tables, replace=False)
     tables = tuple(table_spec(pool[i], args.dim, scale, name=f"t{i}") for i in chosen)
-    return Task(tables, world, memory_cap(tables, world), args.batch_size)
+    return Task(tables, world, memory_cap(tables, world, args.batch_size), args.batch_size)
 
 
 def make_model(task: Task, device: torch.device) -> DLRMTrain:

@@ -101,21 +101,22 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
             device=torch.device("meta"),
         )
 
-    # big is 1000 x 16 x 4 = 64,000 bytes; each rank has 40,000
-    planner = NeuroShardPlanner(topology(2, 40_000), storage_reservation=0.0)
+    # big is 1000 x 16 x 4 = 64,000 bytes of weights, 65,152 with the buffers of a global
+    # batch of 16; each rank has 40,000
+    planner = NeuroShardPlanner(topology(2, 40_000), batch_size=8, storage_reservation=0.0)
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         plan = planner.plan(model(), ROW_WISE_SHARDERS)
     assert plan.plan[""]["big"].sharding_type == "row_wise"
     assert plan.plan[""]["small"].sharding_type in ("table_wise", "column_wise")
-    assert "big: larger than one rank's memory (64,000 > 40,000 bytes): row_wise" in caplog.text
+    assert "big: larger than one rank's memory (65,152 > 40,000 bytes): row_wise" in caplog.text
     strict = NeuroShardPlanner(
-        topology(2, 40_000), storage_reservation=0.0,
+        topology(2, 40_000), batch_size=8, storage_reservation=0.0,
         constraints={"big": ParameterConstraints(sharding_types=["table_wise"])},
     )
-    with pytest.raises(ShardingError, match=r"table 'big' \(64,000 bytes\) is larger than one rank's memory.*allow only \['table_wise'\]"):
+    with pytest.raises(ShardingError, match=r"table 'big' \(65,152 bytes\) is larger than one rank's memory.*allow only \['table_wise'\]"):
         strict.plan(model(), ROW_WISE_SHARDERS)
     # TorchRec's stock EBC sharder offers no row splits on CPU: then too big is an error
-    with pytest.raises(ShardingError, match=r"table 'big' \(64,000 bytes\) is larger than one rank's memory"):
+    with pytest.raises(ShardingError, match=r"table 'big' \(65,152 bytes\) is larger than one rank's memory"):
         planner.plan(model(), SHARDERS)
 
 
@@ -182,7 +183,7 @@ def test_decisions_do_not_depend_on_table_or_module_order() -> None:
     cons = {"rep": ParameterConstraints(sharding_types=["data_parallel"]), "u1": ParameterConstraints(pooling_factors=[4.0])}
     decisions = []
     for tables_a, tables_b in [(user, item), (item[::-1], user[::-1]), (user[::-1], item)]:
-        planner = NeuroShardPlanner(topology(2, 500_000), constraints=cons, storage_reservation=0.0)
+        planner = NeuroShardPlanner(topology(2, 500_000), batch_size=64, constraints=cons, storage_reservation=0.0)
         planner.plan(_TwoEBCs(_ebc(tables_a), _ebc(tables_b)), ROW_WISE_SHARDERS)
         decisions.append({p.table: p for p in planner.plan_.placements})
     assert decisions[0] == decisions[1] == decisions[2]

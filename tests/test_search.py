@@ -8,7 +8,7 @@ import pytest
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
-from torchrec_neuroshard.types import InfeasibleError, Plan, TablePlacement, TableSpec, Task
+from torchrec_neuroshard.types import InfeasibleError, Plan, TableChoices, TablePlacement, TableSpec, Task
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 
@@ -49,7 +49,7 @@ def test_beam_search_splits_tables_when_that_pays(model) -> None:
 
 def test_tables_restricted_to_table_wise_are_never_split(model) -> None:
     task = generate_task(synthetic_pool(), 12, 4, WorkloadScale(), seed=9)
-    result = search(task, model, min_width={t.name: t.dim for t in task.tables})
+    result = search(task, model, choices={t.name: TableChoices(min_width=t.dim) for t in task.tables})
     assert all(len(p.widths) == 1 for p in result.plan.placements)
 
 
@@ -74,10 +74,12 @@ def test_infeasible_task_names_table_shortfall_and_cap(model) -> None:
     tables = (TableSpec("big", 100_000, 128, 2.0, hist), TableSpec("small", 1000, 8, 2.0, hist))
     task = Task(tables, 2, memory_cap_bytes=20_000_000, batch_size=4096)
     with pytest.raises(InfeasibleError) as e:
-        search(task, model, min_width={"big": 128})
+        search(task, model, choices={"big": TableChoices(min_width=128, data_parallel=False, row_wise=False)})
     msg = str(e.value)
-    assert "'big' (51,200,000 bytes) fits no device" in msg
-    assert "31,200,000 short" in msg and "a cap of at least 51,200,000 bytes" in msg
+    # memory as TorchRec counts it: weights 51,200,000 + the global batch's indices
+    # (4096 x 2 x 8 bytes) + its pooled output (4096 x 128 x 4 bytes)
+    assert "'big' (53,362,688 bytes) fits no device" in msg
+    assert "33,362,688 short" in msg and "a cap of at least 53,362,688 bytes" in msg
     # allowed to split, the same table fits as four 32-wide column shards... on two devices
     # it still does not (51.2 MB > 2 x 20 MB): the error stays
     with pytest.raises(InfeasibleError, match="'big'"):

@@ -6,7 +6,7 @@ import torch
 from tests.models import shard_and_compare, two_tower
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
-from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement
+from torchrec_neuroshard.types import Plan, Shard, ShardingError, ShardingKind, TablePlacement
 
 # a0 (dim 64) split unevenly 32+16+16 with two shards on rank 1; a1 table-wise on rank 0;
 # b0 (32) split 16+16 both on rank 0; b1 table-wise on rank 1.
@@ -93,13 +93,61 @@ def test_plan_dict_round_trip_and_memory_by_kind() -> None:
     from torchrec_neuroshard.tables import tables_from_module
 
     assert Plan.from_dict(KINDS_A.to_dict()) == KINDS_A
-    specs = {t.name: t for t in tables_from_module(two_tower(), batch_size=8)}
-    mem = KINDS_A.device_memory(list(specs.values()))
-    dp = specs["a1"].size_bytes()
-    b0_block = 20 * 32 * 4
-    assert mem == [40 * 32 * 4 + dp + b0_block, 40 * 32 * 4 + dp + b0_block + 40 * 8 * 4]
+    batch = 8
+    specs = {t.name: t for t in tables_from_module(two_tower(), batch_size=batch)}
+
+    def memory(kind: ShardingKind, table: str, width: int, rows: int | None = None) -> int:
+        return Shard(specs[table], width, rows).memory_bytes(kind, batch, 2)
+
+    replica = memory(ShardingKind.DATA_PARALLEL, "a1", 16)
+    block = memory(ShardingKind.ROW_WISE, "b0", 32, 20)
+    assert KINDS_A.device_memory(list(specs.values()), batch) == [
+        memory(ShardingKind.COLUMN_WISE, "a0", 32) + replica + block,
+        2 * memory(ShardingKind.COLUMN_WISE, "a0", 16) + replica + block + memory(ShardingKind.TABLE_WISE, "b1", 8),
+    ]
     assert KINDS_A.data_parallel == ("a1",)
     with pytest.raises(ShardingError, match="'a1': a data_parallel table has no shards"):
         TablePlacement("a1", (16,), (0,), ShardingKind.DATA_PARALLEL)
     with pytest.raises(ShardingError, match="'b0' \\(row_wise\\): needs one device per entry of rows"):
         TablePlacement("b0", devices=(0, 1), kind=ShardingKind.ROW_WISE, rows=(40,))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("optimizer", [None, "adam", "rowwise_adagrad"])
+def test_memory_is_what_torchrec_storage_estimator_counts(optimizer, device) -> None:
+    """Every shard of every kind TorchRec's enumerator proposes for a two-EBC model, with
+    and without optimizer state: our memory equals its EmbeddingStorageEstimator's (ddr on
+    cpu, hbm on cuda; row-wise is offered on cuda only). No GPU is needed to enumerate."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from torchrec_neuroshard.tables import module_tables
+
+    model, world, per_rank = two_tower(), 2, 16
+    if optimizer:
+        opt = torch.optim.Adam if optimizer == "adam" else RowWiseAdagrad
+        apply_optimizer_in_backward(opt, model.parameters(), {"lr": 0.1})
+    pooling = {"a0": 3.0, "a1": 0.5, "b0": 7.0, "b1": 1.0}
+    constraints = {n: ParameterConstraints(pooling_factors=[pf]) for n, pf in pooling.items()}
+    topology = Topology(world_size=world, compute_device=device)
+    enumerator = EmbeddingEnumerator(
+        topology, per_rank, constraints, estimator=EmbeddingStorageEstimator(topology, constraints)
+    )
+    options = enumerator.enumerate(model, get_default_sharders())
+    specs = {t.spec.name: t.spec for t in module_tables(model, per_rank * world, constraints)}
+    checked = set()
+    for option in options:
+        if option.sharding_type == "table_row_wise" or option.compute_kernel not in ("fused", "dense"):
+            continue  # TWRW: its own IO rule; other kernels (UVM, caching) are not ours
+        kind = ShardingKind(option.sharding_type)
+        for shard in option.shards:
+            rows, width = shard.size
+            ours = Shard(specs[option.name], width, rows).memory_bytes(kind, per_rank * world, world)
+            assert ours == (shard.storage.ddr if device == "cpu" else shard.storage.hbm), (option.name, kind, shard.size)
+            checked.add(kind)
+    expected = {ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE, ShardingKind.DATA_PARALLEL}
+    assert checked == (expected | {ShardingKind.ROW_WISE} if device == "cuda" else expected) | {ShardingKind.TABLE_COLUMN_WISE}

@@ -138,6 +138,7 @@ def _plan(args: argparse.Namespace) -> None:
     from torchrec_neuroshard.heuristics import baseline_plan
     from torchrec_neuroshard.search import predicted_breakdown, search
     from torchrec_neuroshard.stats import format_plan_stats
+    from torchrec_neuroshard.tables import sharder_choices
 
     model = NeuralCostModel.load(args.model) if args.model else load_pretrained()
     for world in sorted({task.num_devices for _, task in tasks}):
@@ -145,14 +146,14 @@ def _plan(args: argparse.Namespace) -> None:
     plans = []
     for i, task in tasks:
         if args.planner == "neuroshard":
-            result = search(task, model)
+            result = search(task, model, choices=sharder_choices(task.tables, model.hardware.device))
             plan, devices, note = result.plan, result.devices, f"searched in {result.seconds:.2f} s"
         else:
             plan = baseline_plan(args.planner, task, seed=args.seed)
             _, devices = predicted_breakdown(model, task, plan)
             note = ""
         title = f"{args.planner} plan" + (f" of task {i}" if suite else "")
-        print(format_plan_stats(plan, task.tables, devices, task.memory_cap_bytes, title=title))
+        print(format_plan_stats(plan, task.tables, devices, task.memory_cap_bytes, task.batch_size, title=title))
         if note:
             print(note)
         plans.append(plan.to_dict())

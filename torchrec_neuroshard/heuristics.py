@@ -27,13 +27,14 @@ BASELINES = ("random", *HEURISTIC_KEYS)
 
 def memory_shortfall_error(task: Task, table: TableSpec, free: list[int]) -> InfeasibleError:
     """The error for a table that fits no device: names it, the bytes missing, and the
-    smallest per-device cap that could hold the largest table and the total."""
-    total = sum(t.size_bytes() for t in task.tables)
-    largest = max(t.size_bytes() for t in task.tables)
-    needed = max(largest, math.ceil(total / task.num_devices))
+    smallest per-device cap that could hold the largest table and the total (memory as
+    TorchRec counts it: ``TableSpec.memory_bytes``)."""
+    memory = {t.name: _memory(task, t) for t in task.tables}
+    total = sum(memory.values())
+    needed = max(max(memory.values()), math.ceil(total / task.num_devices))
     return InfeasibleError(
-        f"table {table.name!r} ({table.size_bytes():,} bytes) fits no device: the most free "
-        f"memory left is {max(free):,} bytes, {table.size_bytes() - max(free):,} short. "
+        f"table {table.name!r} ({memory[table.name]:,} bytes) fits no device: the most free "
+        f"memory left is {max(free):,} bytes, {memory[table.name] - max(free):,} short. "
         f"Total {total:,} bytes over {task.num_devices} devices of {task.memory_cap_bytes:,}; "
         f"a cap of at least {needed:,} bytes per device is needed (more devices, a larger "
         "cap, or column/row splits of the largest tables)."
@@ -46,7 +47,7 @@ def greedy_plan(task: Task, key: CostKey) -> Plan:
     used = [0] * task.num_devices
     placements = []
     for t in sorted(task.tables, key=key, reverse=True):
-        size = t.size_bytes()
+        size = _memory(task, t)
         fits = [d for d in range(task.num_devices) if used[d] + size <= task.memory_cap_bytes]
         if not fits:
             raise memory_shortfall_error(task, t, [task.memory_cap_bytes - u for u in used])
@@ -63,13 +64,18 @@ def random_plan(task: Task, seed: int = 0) -> Plan:
     used = [0] * task.num_devices
     placements = []
     for t in sorted(task.tables, key=lambda t: t.size_bytes(), reverse=True):
-        fits = [d for d in range(task.num_devices) if used[d] + t.size_bytes() <= task.memory_cap_bytes]
+        size = _memory(task, t)
+        fits = [d for d in range(task.num_devices) if used[d] + size <= task.memory_cap_bytes]
         if not fits:
             raise memory_shortfall_error(task, t, [task.memory_cap_bytes - u for u in used])
         d = int(rng.choice(fits))
-        used[d] += t.size_bytes()
+        used[d] += size
         placements.append(TablePlacement(t.name, (t.dim,), (d,)))
     return Plan(tuple(placements), task.num_devices)
+
+
+def _memory(task: Task, table: TableSpec) -> int:
+    return table.memory_bytes(task.batch_size, task.num_devices)
 
 
 def baseline_plan(name: str, task: Task, seed: int = 0) -> Plan:

@@ -28,8 +28,8 @@ from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats
 from torchrec_neuroshard.tables import module_tables
-from torchrec_neuroshard.triage import SPLIT_KINDS, Triage, triage
-from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, Task
+from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
+from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TableChoices, Task
 
 logger = logging.getLogger(__name__)
 STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
@@ -117,7 +117,7 @@ class NeuroShardPlanner(ShardingPlanner):
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
         cap = self._memory_cap(module, sharders)
-        decided = triage(tables, world, self.topology.local_world_size, cap)
+        decided = triage(tables, world, self.topology.local_world_size, cap, self._global_batch())
         for name, why in decided.reasons:
             logger.info("table %s: %s (TorchRec's sharding; not in the predicted cost)", name, why)
         self.search_result_ = self.task_ = None
@@ -128,7 +128,7 @@ class NeuroShardPlanner(ShardingPlanner):
         self.plan_ = Plan(placements, world)
         if self.search_result_ is not None:
             table = format_plan_stats(
-                self.plan_, [t.spec for t in tables], self.search_result_.devices, cap, dict(decided.reasons),
+                self.plan_, [t.spec for t in tables], self.search_result_.devices, cap, self._global_batch(), dict(decided.reasons),
                 memory_kind="HBM" if self.topology.compute_device == "cuda" else "DDR",
             )
             searched = f"searched {self.search_result_.states_evaluated} split states in {self.search_result_.seconds:.2f} s"
@@ -177,7 +177,11 @@ class NeuroShardPlanner(ShardingPlanner):
         task = self.task_ = Task(
             tuple(t.spec for t in decided.searched), self.topology.world_size, decided.search_cap_bytes, self._global_batch()
         )
-        min_width = {t.spec.name: t.min_width if t.allowed & SPLIT_KINDS else t.spec.dim for t in decided.searched}
+        # the step parts were measured on pooled kernels: sequence tables stay table/column-wise
+        choices = {
+            t.spec.name: TableChoices.of(t.allowed if t.pooled else t.allowed & COLUMN_KINDS, t.spec.dim, t.min_width)
+            for t in decided.searched
+        }
         model = self._cost_model()
         sequence = sorted(t.spec.name for t in decided.searched if not t.pooled)
         if sequence:
@@ -185,7 +189,7 @@ class NeuroShardPlanner(ShardingPlanner):
                 "tables %s are sequence (EmbeddingCollection) tables: kept whole and priced with the pooled "
                 "kernel's model (no sequence-kernel model is shipped yet)", sequence,
             )
-        result = search(task, model, self.search_config, min_width)
+        result = search(task, model, self.search_config, choices)
         crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
         if crowded:
             logger.warning("%s", crowded)

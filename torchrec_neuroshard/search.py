@@ -1,5 +1,12 @@
 """NeuroShard's search: greedy placement inside a grid search over a max-dimension
-constraint, inside a beam search over column splits, then a local-improvement pass.
+constraint, inside a beam search over column splits, then a local-improvement pass; before
+it, the choice of which tables to replicate (data-parallel) or split by rows (row-wise).
+
+Kinds first: every table that may be replicated gets a score from the model alone (the
+load it takes off a device minus what its replica costs every device), every table that
+may be split by rows and would take half a device's fair share or more is a row-wise
+candidate; a grid over how many of each (best scores first) is priced by the whole step
+(``stepcost.predict_step``) of a quick greedy placement, and the cheapest set is fixed.
 
 Costs come from a ``CostModel`` whose compute is additive in an embedding space, so a
 device's running shard set is one summed vector: adding a shard is a vector add and one
@@ -18,6 +25,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
+from torchrec_neuroshard.stepcost import data_parallel_ms, predict_step, step_parts_of
 from torchrec_neuroshard.types import (
     WIDTH_ALIGNMENT,
     CostModel,
@@ -25,7 +33,10 @@ from torchrec_neuroshard.types import (
     InfeasibleError,
     Plan,
     Shard,
+    ShardingKind,
+    TableChoices,
     TablePlacement,
+    TableSpec,
     Task,
 )
 
@@ -54,6 +65,10 @@ class SearchConfig:
     seed_with_baselines: bool = True
     """Also score the heuristic baselines' plans and start from the best plan overall, so
     the result is never predicted worse than any baseline."""
+    data_parallel_grid: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    """How many of the best-scored replication candidates to try replicating."""
+    row_wise_grid: tuple[int, ...] = (0, 1, 2, 4)
+    """How many of the costliest row-wise candidates to try splitting by rows."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +100,7 @@ class _Keys:
         if not new:
             return
         shards = [Shard(self.task.tables[t], w) for t, w in new]
+        kind = ShardingKind.COLUMN_WISE  # table-wise shards take the same memory
         emb = self.model.embed_shards(shards).astype(np.float32)
         single = self.model.device_cost(emb).sum(1)
         for k in new:
@@ -93,7 +109,8 @@ class _Keys:
         self.emb = cat(self.emb, emb)
         self.single = cat(self.single, single)
         self.width = cat(self.width, np.asarray([w for _, w in new], dtype=np.float64))
-        self.size = cat(self.size, np.asarray([s.size_bytes for s in shards], dtype=np.float64))
+        memory = [s.memory_bytes(kind, self.task.batch_size, self.task.num_devices) for s in shards]
+        self.size = cat(self.size, np.asarray(memory, dtype=np.float64))
 
 
 @dataclass(frozen=True)
@@ -209,15 +226,16 @@ def _plan_of(task: Task, keys: _Keys, runs: _Runs, r: int) -> Plan:
 
 
 def _local_improve(
-    task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int, partners: int = 8
+    task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int, fixed_ms: np.ndarray, partners: int = 8
 ) -> Plan:
     """Move or swap shards off the most expensive device while the predicted cost drops.
 
     Candidates: every shard of the bottleneck device moved to one of the ``partners``
     cheapest devices, or swapped with a shard there, memory permitting. Only the two
     devices a candidate touches are re-predicted; all candidates are scored in one batch
-    with the full cost (compute skew and comm of every device); the best improving one is
-    applied, then repeat.
+    with the full cost (compute skew and comm of every device, plus ``fixed_ms`` [D, 2],
+    the forward and backward ms of the replicated and row-wise tables on each device); the
+    best improving one is applied, then repeat.
     """
     D = task.num_devices
     names = {t.name: i for i, t in enumerate(task.tables)}
@@ -231,7 +249,7 @@ def _local_improve(
         dims = np.bincount(dev, weights=keys.width[key_of], minlength=D)
         mem = np.bincount(dev, weights=keys.size[key_of], minlength=D)
         count = np.bincount(dev, minlength=D)
-        base = _device_costs(model, sums, count)
+        base = _device_costs(model, sums, count) + fixed_ms
         comm, total = model.embedding_cost(base[None, :, 0], base[None, :, 1], dims[None])
         per_dev = base.sum(1) + comm[0].sum(1)
         worst = int(per_dev.argmax())
@@ -261,6 +279,8 @@ def _local_improve(
         touched = np.concatenate([sums[worst][None] - delta_e, sums[dst] + delta_e])
         touched_count = np.concatenate([np.full(n, count[worst]) - delta_c, count[dst] + delta_c])
         new = _device_costs(model, touched, touched_count)
+        new[:n] += fixed_ms[worst]
+        new[n:] += fixed_ms[dst]
         fwd = np.repeat(base[None, :, 0], n, 0)
         bwd = np.repeat(base[None, :, 1], n, 0)
         c_dims = np.repeat(dims[None], n, 0)
@@ -308,32 +328,27 @@ def _feasible_baselines(task: Task) -> list[Plan]:
     return plans
 
 
-def _best_of(task: Task, model: CostModel, plans: Sequence[Plan]) -> Plan:
-    costs = [predicted_breakdown(model, task, p)[0] for p in plans]
-    return plans[int(np.argmin(costs))]
-
-
 def predicted_breakdown(model: CostModel, task: Task, plan: Plan) -> tuple[float, tuple[DeviceCost, ...]]:
-    """Predicted embedding cost (ms) of a plan and its per-device breakdown, at the task's batch."""
-    model = model.with_batch_size(task.batch_size)
-    compute = np.asarray(model.compute_cost(plan.device_shards(task.tables)))
-    comm, total = model.embedding_cost(compute[None, :, 0], compute[None, :, 1], np.asarray([plan.device_dims()], dtype=np.float64))
-    devices = tuple(DeviceCost(float(f), float(b), float(cf), float(cb)) for (f, b), (cf, cb) in zip(compute, comm[0]))
-    return float(total[0]), devices
+    """Predicted embedding cost (ms) of a plan's whole step and its per-device breakdown,
+    at the task's batch (``stepcost.predict_step``)."""
+    prediction = predict_step(model.with_batch_size(task.batch_size), task, plan)
+    return prediction.cost_ms, prediction.devices
 
 
 def search(
     task: Task,
     model: CostModel,
     config: SearchConfig = SearchConfig(),
-    min_width: Mapping[str, int] | None = None,
+    choices: Mapping[str, TableChoices] | None = None,
 ) -> SearchResult:
     """Find a low-cost plan for ``task`` under ``model``'s predictions, scaled to the
     task's batch.
 
     Args:
-        min_width: per table, the narrowest shard allowed (e.g. TorchRec's min_partition);
-            a table whose min width is its dim is never split (table_wise only).
+        choices: per table, what the search may do with it (``TableChoices``; e.g. from
+            TorchRec constraints); a table not named gets everything TorchRec's default
+            sharder offers. Replication and row splits are only chosen when the model has
+            the step parts to price them (``stepcost``).
 
     Raises:
         InfeasibleError: no split and placement fits the memory cap; names the table.
@@ -341,16 +356,149 @@ def search(
     # The search's matrices are small: one BLAS thread is faster than several, and
     # far faster when the other cores are busy.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _search(task, model.with_batch_size(task.batch_size), config, min_width)
+        return _search(task, model.with_batch_size(task.batch_size), config, choices or {})
 
 
-def _search(task: Task, model: CostModel, config: SearchConfig, min_width: Mapping[str, int] | None) -> SearchResult:
+def _search(task: Task, model: CostModel, config: SearchConfig, choices: Mapping[str, TableChoices]) -> SearchResult:
     t0 = time.perf_counter()
-    min_w = [max(WIDTH_ALIGNMENT, (min_width or {}).get(t.name, WIDTH_ALIGNMENT)) for t in task.tables]
+    choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
+    fixed = _choose_kinds(task, model, config, choice)
+    searched, evaluated = _place(task, model, config, choice, fixed)
+    candidates = [(searched, fixed)]
+    if config.seed_with_baselines and fixed:
+        candidates += [(p, fixed) for p in _feasible_baselines(_rest_task(task, fixed))]
+    if config.seed_with_baselines:
+        candidates += [(p, ()) for p in _feasible_baselines(task)]
+    candidates = [(p, f) for p, f in candidates if p is not None]
+    if not candidates:
+        raise _shortfall(task, model)
+    costs = [predict_step(model, task, _with_fixed(p, f, task)).cost_ms for p, f in candidates]
+    plan, fixed = candidates[int(np.argmin(costs))]
+    rest = _rest_task(task, fixed)
+    if config.local_search:
+        keys = _Keys(rest, model)
+        index = {t.name: i for i, t in enumerate(rest.tables)}
+        keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
+        plan = _local_improve(rest, model, keys, plan, config.max_local_moves, _fixed_ms(model, task, fixed))
+    plan = _with_fixed(plan, fixed, task)
+    plan.validate(task)
+    prediction = predict_step(model, task, plan)
+    return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)
+
+
+def _rest_task(task: Task, fixed: Sequence[TablePlacement]) -> Task:
+    """The tables the placement search places, in the memory the fixed ones leave."""
+    names = {p.table for p in fixed}
+    if not names:
+        return task
+    used = Plan(tuple(fixed), task.num_devices).device_memory([task.table(n) for n in sorted(names)], task.batch_size)
+    rest = tuple(t for t in task.tables if t.name not in names)
+    return Task(rest, task.num_devices, max(1, task.memory_cap_bytes - max(used)), task.batch_size)
+
+
+def _with_fixed(plan: Plan, fixed: Sequence[TablePlacement], task: Task) -> Plan:
+    return Plan(tuple(plan.placements) + tuple(fixed), task.num_devices)
+
+
+def _fixed_ms(model: CostModel, task: Task, fixed: Sequence[TablePlacement]) -> np.ndarray:
+    """(forward, backward) ms [D, 2] the fixed placements cost each device."""
+    if not fixed:
+        return np.zeros((task.num_devices, 2))
+    tables = tuple(task.table(p.table) for p in fixed)
+    alone = predict_step(model, Task(tables, task.num_devices, task.memory_cap_bytes, task.batch_size), Plan(tuple(fixed), task.num_devices))
+    return np.asarray([[d.fwd_compute + d.fwd_comm, d.bwd_compute + d.bwd_comm] for d in alone.devices])
+
+
+def _shortfall(task: Task, model: CostModel) -> InfeasibleError:
+    """The memory error of the root greedy run that placed the most shards."""
     keys = _Keys(task, model)
     root: Widths = tuple((t.dim,) for t in task.tables)
     keys.ensure(_state_keys(root))
-    root_runs = runs = _greedy_runs(task, model, keys, [root], config.scales)
+    runs = _greedy_runs(task, model, keys, [root], default_scales())
+    r = int(np.argmax(runs.died_at))
+    inverse = {i: k for k, i in keys.index.items()}
+    t, _ = inverse[int(runs.order_keys[r, runs.died_at[r]])]
+    return memory_shortfall_error(task, task.tables[t], [int(runs.free_at_death[r])])
+
+
+def _choose_kinds(
+    task: Task, model: CostModel, config: SearchConfig, choice: Mapping[str, TableChoices]
+) -> tuple[TablePlacement, ...]:
+    """The tables to replicate or split by rows (see the module docstring); () when the
+    model cannot price either, or on one device."""
+    world = task.num_devices
+    parts = step_parts_of(model)
+    if world == 1 or parts is None:
+        return ()
+    from torchrec_neuroshard.stepcost import DATA_PARALLEL_PARTS, ROW_WISE_PARTS
+
+    keys = _Keys(task, model)
+    keys.ensure([(i, t.dim) for i, t in enumerate(task.tables)])
+    single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in enumerate(task.tables)}
+    fair = sum(single.values()) / world
+    dp: list[TableSpec] = []
+    if parts.has(*DATA_PARALLEL_PARTS):
+        base = sum(data_parallel_ms(parts, [], task.batch_size, world).values())
+        gain = {
+            t.name: single[t.name] / world - (sum(data_parallel_ms(parts, [t], task.batch_size, world).values()) - base)
+            for t in task.tables
+        }
+        dp = sorted(
+            (
+                t
+                for t in task.tables
+                if choice[t.name].data_parallel
+                and Shard(t, t.dim).memory_bytes(ShardingKind.DATA_PARALLEL, task.batch_size, world) < task.memory_cap_bytes
+            ),
+            key=lambda t: (-gain[t.name], t.name),
+        )
+    rw: list[TableSpec] = []
+    if parts.has(*ROW_WISE_PARTS):
+        rw = sorted(
+            (t for t in task.tables if choice[t.name].row_wise and t.rows >= world and single[t.name] >= fair / 2),
+            key=lambda t: (-single[t.name], t.name),
+        )
+    best: tuple[float, tuple[TablePlacement, ...]] | None = None
+    for n_rw in sorted({min(k, len(rw)) for k in config.row_wise_grid}):
+        rows = [TablePlacement.row_blocks(t, range(world)) for t in rw[:n_rw]]
+        taken = {p.table for p in rows}
+        replicable = [t for t in dp if t.name not in taken][: len(task.tables) - n_rw - 1]  # one table stays sharded
+        for n_dp in sorted({min(k, len(replicable)) for k in config.data_parallel_grid}):
+            fixed = tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp])
+            plan = _quick_plan(task, model, config, fixed)
+            if plan is None:
+                continue
+            cost = predict_step(model, task, plan).cost_ms
+            if best is None or cost < best[0] - 1e-9:
+                best = (cost, fixed)
+    return best[1] if best is not None else ()
+
+
+def _quick_plan(task: Task, model: CostModel, config: SearchConfig, fixed: Sequence[TablePlacement]) -> Plan | None:
+    """Whole tables placed greedily around ``fixed`` (the best scale); None if nothing fits."""
+    rest = _rest_task(task, fixed)
+    if len(rest.tables) == 0 or rest is not task and rest.memory_cap_bytes <= 1:
+        return None
+    keys = _Keys(rest, model)
+    root: Widths = tuple((t.dim,) for t in rest.tables)
+    keys.ensure(_state_keys(root))
+    runs = _greedy_runs(rest, model, keys, [root], config.scales)
+    if not np.isfinite(runs.cost.min()):
+        return None
+    return _with_fixed(_plan_of(rest, keys, runs, int(runs.cost.argmin())), fixed, task)
+
+
+def _place(
+    task: Task, model: CostModel, config: SearchConfig, choice: Mapping[str, TableChoices], fixed: Sequence[TablePlacement]
+) -> tuple[Plan | None, int]:
+    """The beam search over column splits of the tables not in ``fixed``: the best plan of
+    those tables (None if no run fit memory) and the number of split states scored."""
+    task = _rest_task(task, fixed)
+    min_w = [max(WIDTH_ALIGNMENT, choice[t.name].min_width) for t in task.tables]
+    keys = _Keys(task, model)
+    root: Widths = tuple((t.dim,) for t in task.tables)
+    keys.ensure(_state_keys(root))
+    runs = _greedy_runs(task, model, keys, [root], config.scales)
     best_cost = float(runs.cost.min())
     best = (runs, int(runs.cost.argmin()))
     beam = [root]
@@ -373,17 +521,5 @@ def _search(task: Task, model: CostModel, config: SearchConfig, min_width: Mappi
         if state_cost[i] < best_cost:
             best_cost = float(state_cost[i])
             best = (runs, i * len(config.scales) + int(per_state[i].argmin()))
-    candidates = [_plan_of(task, keys, *best)] if math.isfinite(best_cost) else []
-    if config.seed_with_baselines:
-        candidates += _feasible_baselines(task)
-    if not candidates:
-        r = int(np.argmax(root_runs.died_at))  # the run that placed the most shards
-        inverse = {i: k for k, i in keys.index.items()}
-        t, _ = inverse[int(root_runs.order_keys[r, root_runs.died_at[r]])]
-        raise memory_shortfall_error(task, task.tables[t], [int(root_runs.free_at_death[r])])
-    plan = _best_of(task, model, candidates)
-    if config.local_search:
-        plan = _local_improve(task, model, keys, plan, config.max_local_moves)
-    plan.validate(task)
-    cost, devices = predicted_breakdown(model, task, plan)
-    return SearchResult(plan, cost, devices, evaluated, time.perf_counter() - t0)
+    plan = _plan_of(task, keys, *best) if math.isfinite(best_cost) else None
+    return plan, evaluated

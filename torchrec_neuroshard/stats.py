@@ -12,13 +12,15 @@ def format_plan_stats(
     tables: Sequence[TableSpec],
     devices: Sequence[DeviceCost],
     memory_cap_bytes: int,
+    batch_size: int,
     fallbacks: Mapping[str, str] = {},
     title: str = "NeuroShard plan",
     memory_kind: str = "DDR",
 ) -> str:
     """A per-rank table in the shape of TorchRec's EmbeddingStats: Rank, memory (``memory_kind``
-    GB and % of the cap), predicted Perf (ms) with its fwd/bwd compute and comm, Shards."""
-    memory = plan.device_memory(tables)
+    GB and % of the cap, as TorchRec counts it at the GLOBAL ``batch_size``), predicted Perf
+    (ms) with its fwd/bwd compute and comm, Shards."""
+    memory = plan.device_memory(tables, batch_size)
     shards: list[list[str]] = [[] for _ in range(plan.num_devices)]
     for p in plan.placements:
         for w, d in zip(p.widths, p.devices):

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from torchrec_neuroshard.access import access_histogram, uniform_access_histogram
-from torchrec_neuroshard.types import WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableSpec
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableChoices, TableSpec
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import ParameterConstraints
@@ -124,6 +124,7 @@ def module_tables(
                 "to keep the module unsharded (replicated), or plan on a device it supports"
             )
         configs, pooled = _configs(path, owner)
+        weights = {name.rsplit(".", 2)[-2]: p for name, p in owner.named_parameters() if name.endswith(".weight")}
         for config in configs:
             if config.name in seen:
                 raise ShardingError(
@@ -149,6 +150,7 @@ def module_tables(
                 access_hist=tuple(hist),
                 bytes_per_element=SUPPORTED_DTYPES[dtype],
                 feature_names=tuple(config.feature_names),
+                optimizer_multiplier=_optimizer_multiplier(weights.get(config.name)),
             )
             allowed = offered
             # sequence tables are kept whole: column splits of an EmbeddingCollection are
@@ -174,6 +176,25 @@ def module_tables(
     for name in sorted(set(constraints) - set(seen)):
         logger.warning("constraints name table %r, which the module does not have", name)
     return tuple(found)
+
+
+def sharder_choices(tables: Iterable[TableSpec], compute_device: str) -> dict[str, TableChoices]:
+    """What TorchRec's default EmbeddingBagCollectionSharder lets the search do with each
+    of ``tables`` on ``compute_device`` (no row splits on a CPU), as a model walk with that
+    sharder and no constraints would: the benchmarks' and the CLI's choices for a ``Task``."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    kinds = _kinds(EmbeddingBagCollectionSharder().sharding_types(compute_device), "EmbeddingBagCollectionSharder")
+    return {t.name: TableChoices.of(kinds, t.dim) for t in tables}
+
+
+def _optimizer_multiplier(weight: nn.Parameter | None) -> float:
+    """Optimizer state per weight byte as TorchRec's storage estimator counts it: from the
+    optimizer ``apply_optimizer_in_backward`` attached to the weight (none: 0)."""
+    from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipler
+
+    optimizer = getattr(weight, "_optimizer_classes", [None])[0] if weight is not None else None
+    return float(_get_optimizer_multipler(optimizer, weight.shape)) if optimizer is not None else 0.0
 
 
 def tables_from_module(

@@ -21,7 +21,6 @@ from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePl
 
 COLUMN_KINDS = frozenset(k for k in ShardingKind if k.splits_columns)
 ROW_KINDS = frozenset(k for k in ShardingKind if k.splits_rows)
-SPLIT_KINDS = COLUMN_KINDS - {ShardingKind.TABLE_WISE}
 
 
 @dataclass(frozen=True)
@@ -35,41 +34,45 @@ class Triage:
     search_cap_bytes: int
 
 
-def triage(tables: Sequence[ModuleTable], world_size: int, local_world_size: int, cap_bytes: int) -> Triage:
-    """Decide every table that the search does not place; see the module docstring."""
+def triage(
+    tables: Sequence[ModuleTable], world_size: int, local_world_size: int, cap_bytes: int, batch_size: int
+) -> Triage:
+    """Decide every table that the search does not place; see the module docstring.
+    Memory is counted as TorchRec counts it, at the GLOBAL ``batch_size``."""
     searched: list[ModuleTable] = []
     decided: list[TablePlacement] = []
     reasons: list[tuple[str, str]] = []
     for t in sorted(tables, key=lambda t: t.spec.name):
         spec = t.spec
-        fits = spec.size_bytes() <= cap_bytes
+        memory = spec.memory_bytes(batch_size, world_size)
+        fits = memory <= cap_bytes
         if fits and t.allowed & COLUMN_KINDS:
             searched.append(t)
         elif t.allowed & ROW_KINDS:
             kind = ShardingKind.ROW_WISE if ShardingKind.ROW_WISE in t.allowed else ShardingKind.TABLE_ROW_WISE
             ranks = world_size if kind is ShardingKind.ROW_WISE else local_world_size
             placement = TablePlacement.row_blocks(spec, range(ranks), kind)
-            block = max(placement.rows) * spec.dim * spec.bytes_per_element
+            block = max(Plan((placement,), world_size).device_memory([spec], batch_size))
             if block > cap_bytes:
                 raise ShardingError(
-                    f"table {spec.name!r} ({spec.size_bytes():,} bytes) does not fit even {kind.value} "
+                    f"table {spec.name!r} ({memory:,} bytes) does not fit even {kind.value} "
                     f"over {ranks} ranks of {cap_bytes:,} bytes; add ranks or memory"
                 )
             decided.append(placement)
-            why = "restricted to row splits" if fits else f"larger than one rank's memory ({spec.size_bytes():,} > {cap_bytes:,} bytes)"
+            why = "restricted to row splits" if fits else f"larger than one rank's memory ({memory:,} > {cap_bytes:,} bytes)"
             reasons.append((spec.name, f"{why}: {kind.value} over {ranks} ranks"))
         elif fits and ShardingKind.DATA_PARALLEL in t.allowed:
             decided.append(TablePlacement.data_parallel(spec.name))
             reasons.append((spec.name, "restricted to data_parallel: replicated on every rank"))
         else:
             raise ShardingError(
-                f"table {spec.name!r} ({spec.size_bytes():,} bytes) is larger than one rank's memory "
+                f"table {spec.name!r} ({memory:,} bytes) is larger than one rank's memory "
                 f"({cap_bytes:,} bytes after reservations) and its constraints allow only "
                 f"{sorted(k.value for k in t.allowed)}; allow column_wise or row_wise, or add memory"
             )
     decided_names = {p.table for p in decided}
     fixed_tables = [t.spec for t in tables if t.spec.name in decided_names]
-    fixed_memory = max(Plan(tuple(decided), world_size).device_memory(fixed_tables), default=0)
+    fixed_memory = max(Plan(tuple(decided), world_size).device_memory(fixed_tables, batch_size), default=0)
     search_cap = cap_bytes - fixed_memory
     if searched and search_cap <= 0:
         raise ShardingError(

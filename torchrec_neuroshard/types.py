@@ -27,6 +27,9 @@ WIDTH_ALIGNMENT = 4
 ACCESS_HIST_TOLERANCE = 1e-3
 """How far an access histogram's sum may be from 1 (stored histograms are rounded)."""
 
+INPUT_INDEX_BYTES = 8
+"""TorchRec's storage estimator counts every input index as int64 (TBEs convert to it)."""
+
 
 class ShardingError(ValueError):
     """A task, a plan or a TorchRec input that cannot be turned into a valid sharding."""
@@ -73,6 +76,9 @@ class TableSpec:
             batch size it was measured at (``Task.batch_size``).
         bytes_per_element: 4 for fp32 weights, 2 for fp16.
         feature_names: the KJT feature keys that look this table up.
+        optimizer_multiplier: optimizer state bytes per weight byte, as TorchRec's storage
+            estimator counts it (0 for SGD and fused optimizers it cannot see, 2 for Adam,
+            1 / dim for row-wise Adagrad, 1 otherwise).
     """
 
     name: str
@@ -82,6 +88,7 @@ class TableSpec:
     access_hist: tuple[float, ...]
     bytes_per_element: int = 4
     feature_names: tuple[str, ...] = ()
+    optimizer_multiplier: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -123,10 +130,19 @@ class TableSpec:
                 f"table {self.name!r}: bytes_per_element must be 1, 2, 4 or 8, "
                 f"got {self.bytes_per_element}"
             )
+        if not _finite_non_negative(self.optimizer_multiplier):
+            raise ShardingError(
+                f"table {self.name!r}: optimizer_multiplier must be finite and >= 0, got {self.optimizer_multiplier!r}"
+            )
+        object.__setattr__(self, "optimizer_multiplier", float(self.optimizer_multiplier))
 
     def size_bytes(self, width: int | None = None) -> int:
         """Weight bytes of the table, or of a column shard of ``width`` columns."""
         return self.rows * (self.dim if width is None else width) * self.bytes_per_element
+
+    def memory_bytes(self, batch_size: int, world_size: int) -> int:
+        """What the whole table takes on the rank holding it table-wise (``Shard.memory_bytes``)."""
+        return Shard(self, self.dim).memory_bytes(ShardingKind.TABLE_WISE, batch_size, world_size)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,6 +158,7 @@ class TableSpec:
             access_hist=_field(d, "access_hist", what),
             bytes_per_element=d.get("bytes_per_element", 4),
             feature_names=tuple(d.get("feature_names", ())),
+            optimizer_multiplier=d.get("optimizer_multiplier", 0.0),
         )
 
 
@@ -160,6 +177,31 @@ class Shard:
     @property
     def size_bytes(self) -> int:
         return self.num_rows * self.width * self.table.bytes_per_element
+
+    def memory_bytes(self, kind: "ShardingKind", batch_size: int, world_size: int) -> int:
+        """The bytes TorchRec's ``EmbeddingStorageEstimator`` counts for this shard in
+        training without pipelining: weights, optimizer state, and its kernel's input
+        indices and pooled output for one step (of the GLOBAL ``batch_size``).
+
+        A column or table shard reads every index of the global batch and pools every bag;
+        a row block reads about 1 / D of the indices and pools every bag of the global
+        batch; a data-parallel replica (the whole table) reads and pools its local batch.
+        """
+        t = self.table
+        weights = self.size_bytes
+        if weights == 0:  # an empty row block
+            return 0
+        local = batch_size / world_size
+        indices = t.pooling_factor * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
+        if kind.splits_rows:
+            indices /= world_size
+        bags = min(1.0, t.pooling_factor) * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
+        return (
+            weights
+            + math.ceil(weights * t.optimizer_multiplier)
+            + math.ceil(indices * INPUT_INDEX_BYTES)
+            + math.ceil(bags * self.width * t.bytes_per_element)
+        )
 
 
 @dataclass(frozen=True)
@@ -356,6 +398,30 @@ class TablePlacement:
 
 
 @dataclass(frozen=True)
+class TableChoices:
+    """What the search may do with one table (from its constraints and its module's
+    sharder: ``tables.module_tables``). The default is everything TorchRec's
+    EmbeddingBagCollectionSharder offers on a GPU: column splits down to 4 columns,
+    replication, row-wise splits (``tables.sharder_choices`` for a device)."""
+
+    min_width: int = WIDTH_ALIGNMENT
+    """The narrowest column shard; the table's dim keeps it whole."""
+    data_parallel: bool = True
+    row_wise: bool = True
+
+    @staticmethod
+    def of(kinds: "frozenset[ShardingKind]", dim: int, min_width: int = WIDTH_ALIGNMENT) -> "TableChoices":
+        """The choices the sharding ``kinds`` allowed for a table of ``dim`` columns leave:
+        column splits need column_wise or table_column_wise (else the table stays whole)."""
+        splits = bool(kinds & {ShardingKind.COLUMN_WISE, ShardingKind.TABLE_COLUMN_WISE})
+        return TableChoices(
+            min_width=min_width if splits else dim,
+            data_parallel=ShardingKind.DATA_PARALLEL in kinds,
+            row_wise=ShardingKind.ROW_WISE in kinds,
+        )
+
+
+@dataclass(frozen=True)
 class Plan:
     """A sharding plan: one ``TablePlacement`` per table over ``num_devices`` devices."""
 
@@ -397,16 +463,18 @@ class Plan:
                     dims[d] += w
         return dims
 
-    def device_memory(self, tables: Sequence[TableSpec]) -> list[int]:
-        """Weight bytes on each device: column shards, row blocks and replicas."""
+    def device_memory(self, tables: Sequence[TableSpec], batch_size: int) -> list[int]:
+        """Bytes on each device as TorchRec's storage estimator counts them
+        (``Shard.memory_bytes`` at the GLOBAL ``batch_size``): shards, row blocks, replicas."""
         by_name = {t.name: t for t in tables}
         used = [0] * self.num_devices
         for p in self.placements:
             table = by_name[p.table]
             if p.kind is ShardingKind.DATA_PARALLEL:
-                used = [u + table.size_bytes() for u in used]
+                replica = Shard(table, table.dim).memory_bytes(p.kind, batch_size, self.num_devices)
+                used = [u + replica for u in used]
             for shard, d in p.shards(table):
-                used[d] += shard.size_bytes
+                used[d] += shard.memory_bytes(p.kind, batch_size, self.num_devices)
         return used
 
     def validate(self, task: Task) -> None:
@@ -448,7 +516,7 @@ class Plan:
         missing = sorted(names - seen)
         if missing:
             raise ShardingError(f"plan does not place tables {missing}")
-        for d, used in enumerate(self.device_memory(task.tables)):
+        for d, used in enumerate(self.device_memory(task.tables, task.batch_size)):
             if used > task.memory_cap_bytes:
                 on_dev = [
                     p.table for p in self.placements if d in p.devices or p.kind is ShardingKind.DATA_PARALLEL

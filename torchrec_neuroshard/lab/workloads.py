@@ -208,14 +208,17 @@ def generate_task(
         table_spec(pool[i], int(rng.choice(dims)), scale, name=f"{pool[i].name}_{k}")
         for k, i in enumerate(chosen)
     )
-    return Task(tables, num_devices, memory_cap(tables, num_devices, memory_slack), scale.batch_size)
+    return Task(tables, num_devices, memory_cap(tables, num_devices, scale.batch_size, memory_slack), scale.batch_size)
 
 
-def memory_cap(tables: Sequence[TableSpec], num_devices: int, memory_slack: float = 1.3) -> int:
-    """A task's memory per device: ``memory_slack`` x an even share of the weights, and at
-    least 1.05 x the largest table (so every table fits somewhere whole)."""
-    total = sum(t.size_bytes() for t in tables)
-    largest = max(t.size_bytes() for t in tables)
+def memory_cap(tables: Sequence[TableSpec], num_devices: int, batch_size: int, memory_slack: float = 1.3) -> int:
+    """A task's memory per device: ``memory_slack`` x an even share of the tables' memory
+    (``TableSpec.memory_bytes`` at the global ``batch_size``: weights, optimizer state and
+    kernel buffers, as TorchRec counts them), and at least 1.05 x the largest table (so
+    every table fits somewhere whole)."""
+    memory = [t.memory_bytes(batch_size, num_devices) for t in tables]
+    total = sum(memory)
+    largest = max(memory)
     return int(max(memory_slack * total / num_devices, 1.05 * largest))
 
 

@@ -1,0 +1,204 @@
+"""The predicted cost of a whole sharded step, per device, for a plan of every kind.
+
+What DistributedModelParallel runs on each rank for one step, as the evaluator
+(``lab/evaluate.py``) measures it, priced part by part:
+
+- column group (table-wise and column-wise shards): the KJT input distribution, one fused
+  kernel over the device's shards at the global batch (the compute net), the pooled
+  all-to-all forward (entered with the device's compute lateness) and backward (the comm
+  model);
+- row-wise group: the bucketised input distribution, one kernel over the device's row
+  blocks (each block sees about 1/D of its table's lookups), the reduce-scatter of the
+  pooled partial sums forward and their all-gather backward;
+- data-parallel tables: the dense kernel at the local batch on every rank, the dense
+  gradient and update, and the gradient all-reduce.
+
+The non-kernel parts come from the model's fitted ``StepParts`` (``steparts.py``); a model
+without one (measured on one GPU, or before ``neuroshard collect step``) prices that part
+as 0, and ``missing_parts`` says which parts a plan needed but did not get.
+
+A device's cost: its compute (every group's kernels) + its comm (input distributions,
+forward and backward collectives); the step's embedding cost is the max over devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+import numpy as np
+
+from torchrec_neuroshard.steparts import StepParts, collective_features, dp_features, input_dist_features
+from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, Shard, ShardingKind, TableSpec, Task
+
+INDEX_BYTES = 8
+LENGTH_BYTES = 4
+"""A KJT's indices are int64 and its lengths int32 as it crosses the input all-to-all."""
+POOLED_BYTES = 4
+"""Pooled embeddings and their gradients travel as fp32."""
+
+Embedder = Callable[[Sequence[Shard]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """Per device: ``devices`` (compute includes every kernel; ``fwd_comm`` the input
+    distributions, the pooled all-to-all and the reduce-scatter; ``bwd_comm`` the backward
+    all-to-all, the all-gather and the data-parallel all-reduce); ``parts`` the same ms
+    split by part name; ``cost_ms`` the max over devices of the total."""
+
+    cost_ms: float
+    devices: tuple[DeviceCost, ...]
+    parts: dict[str, tuple[float, ...]]
+    missing_parts: tuple[str, ...] = ()
+
+
+def row_block_spec(table: TableSpec, rows: int, world_size: int) -> TableSpec:
+    """A row block as the compute net sees it: ``rows`` rows, each bag's lookups spread
+    over the D blocks (about pooling / D of them land in one block)."""
+    return replace(table, rows=max(1, rows), pooling_factor=table.pooling_factor / world_size)
+
+
+def step_parts_of(model: CostModel) -> StepParts | None:
+    """The model's fitted step parts, None for a model without them."""
+    return getattr(model, "step_parts", None)
+
+
+DATA_PARALLEL_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
+ROW_WISE_PARTS = ("input_dist", "reduce_scatter", "all_gather")
+
+
+def data_parallel_ms(parts: StepParts, tables: Sequence[TableSpec], batch_size: int, world: int) -> dict[str, float]:
+    """ms on every rank of replicating ``tables`` (one dense kernel at the local batch of
+    the global ``batch_size``, its backward with the update, one gradient all-reduce)."""
+    local = batch_size / world
+    bpe = max((t.bytes_per_element for t in tables), default=4)
+    lookups = sum(local * t.pooling_factor * t.dim for t in tables)
+    output = local * sum(t.dim for t in tables)
+    elements = sum(t.rows * t.dim for t in tables)
+    return {
+        "dp_fwd": float(parts.predict("dp_fwd", dp_features("dp_fwd", lookups, output, elements, bpe))[0]),
+        "dp_bwd": float(parts.predict("dp_bwd", dp_features("dp_bwd", lookups, output, elements, bpe))[0]),
+        "all_reduce": float(parts.predict("all_reduce", collective_features("all_reduce", world, elements * bpe))[0])
+        if world > 1
+        else 0.0,
+    }
+
+
+def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | None = None) -> StepPrediction:
+    """The predicted per-device cost of ``plan``'s step at the task's global batch.
+
+    ``model`` must already predict at ``task.batch_size`` (``model.with_batch_size``);
+    ``embed`` (default ``model.embed_shards``) lets the search reuse cached embeddings.
+    """
+    world = task.num_devices
+    local = task.batch_size / world
+    parts = step_parts_of(model)
+    embed = embed or model.embed_shards
+    by_name = {t.name: t for t in task.tables}
+    missing: set[str] = set()
+
+    column: list[list[Shard]] = [[] for _ in range(world)]
+    blocks: list[list[Shard]] = [[] for _ in range(world)]
+    replicated: list[TableSpec] = []
+    for p in plan.placements:
+        table = by_name[p.table]
+        if p.kind is ShardingKind.DATA_PARALLEL:
+            replicated.append(table)
+        elif p.kind.splits_columns:
+            for w, d in zip(p.widths, p.devices):
+                column[d].append(Shard(table, w))
+        else:
+            for r, d in zip(p.rows, p.devices):
+                if r > 0:
+                    blocks[d].append(Shard(row_block_spec(table, r, len(p.devices)), table.dim))
+
+    col = _kernel_costs(model, column, embed)  # [D, 2]
+    rw = _kernel_costs(model, blocks, embed)  # [D, 2]
+    out: dict[str, np.ndarray] = {
+        "column_fwd": col[:, 0], "column_bwd": col[:, 1], "row_fwd": rw[:, 0], "row_bwd": rw[:, 1],
+    }  # fmt: skip
+
+    # data-parallel: the same dense kernel and all-reduce on every rank
+    zeros = np.zeros(world)
+    out["dp_fwd"] = out["dp_bwd"] = out["all_reduce"] = zeros
+    if replicated:
+        if parts is not None and parts.has(*DATA_PARALLEL_PARTS):
+            for name, ms in data_parallel_ms(parts, replicated, task.batch_size, world).items():
+                out[name] = np.full(world, ms)
+        else:
+            missing.update(DATA_PARALLEL_PARTS)
+
+    # input distributions
+    out["input_dist"] = zeros
+    if world > 1 and (any(column) or any(blocks)):
+        if parts is not None and parts.has("input_dist"):
+            out["input_dist"] = _input_dist(parts, column, world, local) + _input_dist(parts, blocks, world, local)
+        else:
+            missing.add("input_dist")
+
+    # row-wise collectives: every rank holds the global batch's partial sums of every block
+    out["reduce_scatter"] = out["all_gather"] = zeros
+    rw_dims = sum(by_name[p.table].dim for p in plan.placements if p.kind.splits_rows)
+    if world > 1 and rw_dims:
+        if parts is not None and parts.has(*ROW_WISE_PARTS):
+            nbytes = task.batch_size * rw_dims * POOLED_BYTES
+            for op in ("reduce_scatter", "all_gather"):
+                out[op] = np.full(world, parts.predict(op, collective_features(op, world, nbytes))[0])
+        else:
+            missing.update(ROW_WISE_PARTS)
+
+    # the pooled all-to-all of the column group, entered when the device's forward is done
+    fwd_ready = out["input_dist"] + col[:, 0] + rw[:, 0] + out["dp_fwd"]
+    dims = np.asarray([plan.device_dims()], dtype=np.float64)
+    if world > 1 and dims.any():
+        a2a = model.comm_cost_array(dims, (fwd_ready - fwd_ready.min())[None])[0]
+    else:
+        a2a = np.zeros((world, 2))
+    out["a2a_fwd"], out["a2a_bwd"] = a2a[:, 0].astype(np.float64), a2a[:, 1].astype(np.float64)
+
+    fwd_compute = col[:, 0] + rw[:, 0] + out["dp_fwd"]
+    bwd_compute = col[:, 1] + rw[:, 1] + out["dp_bwd"]
+    fwd_comm = out["input_dist"] + out["a2a_fwd"] + out["reduce_scatter"]
+    bwd_comm = out["a2a_bwd"] + out["all_gather"] + out["all_reduce"]
+    devices = tuple(DeviceCost(*map(float, v)) for v in zip(fwd_compute, bwd_compute, fwd_comm, bwd_comm))
+    return StepPrediction(
+        cost_ms=max(d.total for d in devices),
+        devices=devices,
+        parts={k: tuple(float(x) for x in v) for k, v in out.items()},
+        missing_parts=tuple(sorted(missing)),
+    )
+
+
+def _kernel_costs(model: CostModel, devices: Sequence[Sequence[Shard]], embed: Embedder) -> np.ndarray:
+    """(fwd, bwd) ms [D, 2] of one kernel per device over its shards; 0 where none."""
+    flat = [s for dev in devices for s in dev]
+    if not flat:
+        return np.zeros((len(devices), 2))
+    emb = embed(flat)  # [S, E]
+    index = np.repeat(np.arange(len(devices)), [len(dev) for dev in devices])
+    pooled = np.zeros((len(devices), emb.shape[1]), dtype=emb.dtype)
+    np.add.at(pooled, index, emb)
+    cost = np.asarray(model.device_cost(pooled), dtype=np.float64)
+    cost[[len(dev) == 0 for dev in devices]] = 0.0
+    return cost
+
+
+def _input_dist(parts: StepParts, devices: Sequence[Sequence[Shard]], world: int, local: float) -> np.ndarray:
+    """ms [D] of one group's KJT input distribution on each rank.
+
+    Rank r sends rank j its local samples' bags of every shard j holds: their lengths and,
+    for a column shard, every index of its table; for a row block (bucketised), the
+    indices falling in the block (``row_block_spec`` already holds 1/D of the lookups).
+    """
+    if not any(devices):
+        return np.zeros(world)
+    # bytes one rank sends to the holder of each device's shards: [D]
+    to_device = np.asarray(
+        [sum(local * (s.table.pooling_factor * INDEX_BYTES + LENGTH_BYTES) for s in dev) for dev in devices]
+    )
+    total = to_device.sum()
+    send = total - to_device  # rank r sends every other rank j its to_device[j]
+    recv = to_device * (world - 1)  # rank j receives to_device[j] from each other rank
+    x = np.asarray([input_dist_features(world, s, r) for s, r in zip(send, recv)])
+    return parts.predict("input_dist", x)
