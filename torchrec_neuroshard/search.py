@@ -25,7 +25,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
-from torchrec_neuroshard.stepcost import data_parallel_ms, predict_step, step_parts_of
+from torchrec_neuroshard.stepcost import CachedEmbedder, Embedder, data_parallel_ms, predict_step, step_parts_of
 from torchrec_neuroshard.types import (
     WIDTH_ALIGNMENT,
     CostModel,
@@ -41,7 +41,8 @@ from torchrec_neuroshard.types import (
 )
 
 Widths = tuple[tuple[int, ...], ...]
-"""A split state: the shard widths of each table, in task table order."""
+"""A split state: the shard widths of each table, in task table order; () for a table the
+state leaves out (replicated or split by rows)."""
 
 
 def default_scales() -> tuple[float, ...]:
@@ -69,6 +70,8 @@ class SearchConfig:
     """How many of the best-scored replication candidates to try replicating."""
     row_wise_grid: tuple[int, ...] = (0, 1, 2, 4)
     """How many of the costliest row-wise candidates to try splitting by rows."""
+    kind_scales: tuple[float, ...] = (1.05, 1.25, math.inf)
+    """The max-dimension scales of the quick greedy placement that prices each kind choice."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class _Keys:
 
     task: Task
     model: CostModel
+    embed: Embedder
     index: dict[tuple[int, int], int] = field(default_factory=dict)
     emb: np.ndarray | None = None
     single: np.ndarray | None = None
@@ -101,7 +105,7 @@ class _Keys:
             return
         shards = [Shard(self.task.tables[t], w) for t, w in new]
         kind = ShardingKind.COLUMN_WISE  # table-wise shards take the same memory
-        emb = self.model.embed_shards(shards).astype(np.float32)
+        emb = self.embed(shards).astype(np.float32)
         single = self.model.device_cost(emb).sum(1)
         for k in new:
             self.index[k] = len(self.index)
@@ -129,13 +133,20 @@ def _state_keys(state: Widths) -> list[tuple[int, int]]:
     return [(t, w) for t, ws in enumerate(state) for w in ws]
 
 
-def _greedy_runs(task: Task, model: CostModel, keys: _Keys, states: Sequence[Widths], scales: Sequence[float]) -> _Runs:
+def _greedy_runs(
+    task: Task,
+    model: CostModel,
+    keys: _Keys,
+    states: Sequence[Widths],
+    scales: Sequence[float],
+    caps: Sequence[float] | None = None,
+) -> _Runs:
     """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
     predicted single-shard cost, each to the feasible device with the lowest predicted
-    compute so far (ties to less memory); feasible = memory fits and the device's dim sum
-    stays within scale x (total width / D)."""
+    compute so far (ties to less memory); feasible = memory fits (``caps``, per state:
+    default the task's cap) and the device's dim sum stays within scale x (total width / D)."""
     D = task.num_devices
-    cap = float(task.memory_cap_bytes)
+    cap = np.repeat(np.asarray(caps if caps is not None else [task.memory_cap_bytes] * len(states), dtype=np.float64), len(scales))
     per_state = []
     for st in states:
         ids = np.asarray([keys.index[k] for k in _state_keys(st)])
@@ -169,14 +180,14 @@ def _greedy_runs(task: Task, model: CostModel, keys: _Keys, states: Sequence[Wid
             break
         kk = np.where(key >= 0, key, 0)
         w, m = keys.width[kk], keys.size[kk]
-        feasible = (mem + m[:, None] <= cap) & (dims + w[:, None] <= limit[:, None] + 1e-9)
+        feasible = (mem + m[:, None] <= cap[:, None]) & (dims + w[:, None] <= limit[:, None] + 1e-9)
         load = np.where(feasible, fwd + bwd, np.inf)
         best = load.min(1)
         dead = active & ~np.isfinite(best)
         if dead.any():
             alive &= ~dead
             died_at[dead] = k
-            free_at_death[dead] = cap - mem[dead].min(1)
+            free_at_death[dead] = cap[dead] - mem[dead].min(1)
             active &= ~dead
         tie = load <= best[:, None] + 1e-9
         d = np.where(tie, mem, np.inf).argmin(1)
@@ -307,6 +318,8 @@ def _plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Pla
         per_table.setdefault(t, []).append((w, d))
     placements = []
     for t, table in enumerate(task.tables):
+        if t not in per_table:  # left out of the state: the caller places it
+            continue
         ordered = sorted(per_table[t], key=lambda s: (-s[0], s[1]))
         placements.append(TablePlacement(table.name, tuple(w for w, _ in ordered), tuple(d for _, d in ordered)))
     return Plan(tuple(placements), task.num_devices)
@@ -361,9 +374,10 @@ def search(
 
 def _search(task: Task, model: CostModel, config: SearchConfig, choices: Mapping[str, TableChoices]) -> SearchResult:
     t0 = time.perf_counter()
+    embed = CachedEmbedder(model)
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
-    fixed = _choose_kinds(task, model, config, choice)
-    searched, evaluated = _place(task, model, config, choice, fixed)
+    fixed = _choose_kinds(task, model, config, choice, embed)
+    searched, evaluated = _place(task, model, config, choice, fixed, embed)
     candidates = [(searched, fixed)]
     if config.seed_with_baselines and fixed:
         candidates += [(p, fixed) for p in _feasible_baselines(_rest_task(task, fixed))]
@@ -371,18 +385,18 @@ def _search(task: Task, model: CostModel, config: SearchConfig, choices: Mapping
         candidates += [(p, ()) for p in _feasible_baselines(task)]
     candidates = [(p, f) for p, f in candidates if p is not None]
     if not candidates:
-        raise _shortfall(task, model)
-    costs = [predict_step(model, task, _with_fixed(p, f, task)).cost_ms for p, f in candidates]
+        raise _shortfall(task, model, embed)
+    costs = [predict_step(model, task, _with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
     plan, fixed = candidates[int(np.argmin(costs))]
     rest = _rest_task(task, fixed)
     if config.local_search:
-        keys = _Keys(rest, model)
+        keys = _Keys(rest, model, embed)
         index = {t.name: i for i, t in enumerate(rest.tables)}
         keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
-        plan = _local_improve(rest, model, keys, plan, config.max_local_moves, _fixed_ms(model, task, fixed))
+        plan = _local_improve(rest, model, keys, plan, config.max_local_moves, _fixed_ms(model, task, fixed, embed))
     plan = _with_fixed(plan, fixed, task)
     plan.validate(task)
-    prediction = predict_step(model, task, plan)
+    prediction = predict_step(model, task, plan, embed)
     return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)
 
 
@@ -400,18 +414,18 @@ def _with_fixed(plan: Plan, fixed: Sequence[TablePlacement], task: Task) -> Plan
     return Plan(tuple(plan.placements) + tuple(fixed), task.num_devices)
 
 
-def _fixed_ms(model: CostModel, task: Task, fixed: Sequence[TablePlacement]) -> np.ndarray:
+def _fixed_ms(model: CostModel, task: Task, fixed: Sequence[TablePlacement], embed: Embedder) -> np.ndarray:
     """(forward, backward) ms [D, 2] the fixed placements cost each device."""
     if not fixed:
         return np.zeros((task.num_devices, 2))
     tables = tuple(task.table(p.table) for p in fixed)
-    alone = predict_step(model, Task(tables, task.num_devices, task.memory_cap_bytes, task.batch_size), Plan(tuple(fixed), task.num_devices))
+    alone = predict_step(model, Task(tables, task.num_devices, task.memory_cap_bytes, task.batch_size), Plan(tuple(fixed), task.num_devices), embed)
     return np.asarray([[d.fwd_compute + d.fwd_comm, d.bwd_compute + d.bwd_comm] for d in alone.devices])
 
 
-def _shortfall(task: Task, model: CostModel) -> InfeasibleError:
+def _shortfall(task: Task, model: CostModel, embed: Embedder) -> InfeasibleError:
     """The memory error of the root greedy run that placed the most shards."""
-    keys = _Keys(task, model)
+    keys = _Keys(task, model, embed)
     root: Widths = tuple((t.dim,) for t in task.tables)
     keys.ensure(_state_keys(root))
     runs = _greedy_runs(task, model, keys, [root], default_scales())
@@ -422,7 +436,7 @@ def _shortfall(task: Task, model: CostModel) -> InfeasibleError:
 
 
 def _choose_kinds(
-    task: Task, model: CostModel, config: SearchConfig, choice: Mapping[str, TableChoices]
+    task: Task, model: CostModel, config: SearchConfig, choice: Mapping[str, TableChoices], embed: Embedder
 ) -> tuple[TablePlacement, ...]:
     """The tables to replicate or split by rows (see the module docstring); () when the
     model cannot price either, or on one device."""
@@ -432,7 +446,7 @@ def _choose_kinds(
         return ()
     from torchrec_neuroshard.stepcost import DATA_PARALLEL_PARTS, ROW_WISE_PARTS
 
-    keys = _Keys(task, model)
+    keys = _Keys(task, model, embed)
     keys.ensure([(i, t.dim) for i, t in enumerate(task.tables)])
     single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in enumerate(task.tables)}
     fair = sum(single.values()) / world
@@ -458,44 +472,45 @@ def _choose_kinds(
             (t for t in task.tables if choice[t.name].row_wise and t.rows >= world and single[t.name] >= fair / 2),
             key=lambda t: (-single[t.name], t.name),
         )
-    best: tuple[float, tuple[TablePlacement, ...]] | None = None
+    grid = []
     for n_rw in sorted({min(k, len(rw)) for k in config.row_wise_grid}):
         rows = [TablePlacement.row_blocks(t, range(world)) for t in rw[:n_rw]]
         taken = {p.table for p in rows}
         replicable = [t for t in dp if t.name not in taken][: len(task.tables) - n_rw - 1]  # one table stays sharded
         for n_dp in sorted({min(k, len(replicable)) for k in config.data_parallel_grid}):
-            fixed = tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp])
-            plan = _quick_plan(task, model, config, fixed)
-            if plan is None:
-                continue
-            cost = predict_step(model, task, plan).cost_ms
-            if best is None or cost < best[0] - 1e-9:
-                best = (cost, fixed)
+            grid.append(tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp]))
+    # one greedy placement of the whole tables around every choice, in lockstep
+    states, caps = [], []
+    for fixed in grid:
+        names = {p.table for p in fixed}
+        states.append(tuple(() if t.name in names else (t.dim,) for t in task.tables))
+        caps.append(_rest_task(task, fixed).memory_cap_bytes if fixed else task.memory_cap_bytes)
+    runs = _greedy_runs(task, model, keys, states, config.kind_scales, caps)
+    per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
+    best: tuple[float, tuple[TablePlacement, ...]] | None = None
+    for i, fixed in enumerate(grid):
+        if not np.isfinite(per_state[i].min()) or caps[i] <= 1:
+            continue
+        placed = _plan_of(task, keys, runs, i * len(config.kind_scales) + int(per_state[i].argmin()))
+        cost = predict_step(model, task, _with_fixed(placed, fixed, task), embed).cost_ms
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, fixed)
     return best[1] if best is not None else ()
 
 
-def _quick_plan(task: Task, model: CostModel, config: SearchConfig, fixed: Sequence[TablePlacement]) -> Plan | None:
-    """Whole tables placed greedily around ``fixed`` (the best scale); None if nothing fits."""
-    rest = _rest_task(task, fixed)
-    if len(rest.tables) == 0 or rest is not task and rest.memory_cap_bytes <= 1:
-        return None
-    keys = _Keys(rest, model)
-    root: Widths = tuple((t.dim,) for t in rest.tables)
-    keys.ensure(_state_keys(root))
-    runs = _greedy_runs(rest, model, keys, [root], config.scales)
-    if not np.isfinite(runs.cost.min()):
-        return None
-    return _with_fixed(_plan_of(rest, keys, runs, int(runs.cost.argmin())), fixed, task)
-
-
 def _place(
-    task: Task, model: CostModel, config: SearchConfig, choice: Mapping[str, TableChoices], fixed: Sequence[TablePlacement]
+    task: Task,
+    model: CostModel,
+    config: SearchConfig,
+    choice: Mapping[str, TableChoices],
+    fixed: Sequence[TablePlacement],
+    embed: Embedder,
 ) -> tuple[Plan | None, int]:
     """The beam search over column splits of the tables not in ``fixed``: the best plan of
     those tables (None if no run fit memory) and the number of split states scored."""
     task = _rest_task(task, fixed)
     min_w = [max(WIDTH_ALIGNMENT, choice[t.name].min_width) for t in task.tables]
-    keys = _Keys(task, model)
+    keys = _Keys(task, model, embed)
     root: Widths = tuple((t.dim,) for t in task.tables)
     keys.ensure(_state_keys(root))
     runs = _greedy_runs(task, model, keys, [root], config.scales)

@@ -40,6 +40,20 @@ POOLED_BYTES = 4
 Embedder = Callable[[Sequence[Shard]], np.ndarray]
 
 
+class CachedEmbedder:
+    """``model.embed_shards`` memoised by shard: a search embeds each distinct shard once."""
+
+    def __init__(self, model: CostModel) -> None:
+        self.model = model
+        self.rows: dict[Shard, np.ndarray] = {}
+
+    def __call__(self, shards: Sequence[Shard]) -> np.ndarray:
+        new = [s for s in dict.fromkeys(shards) if s not in self.rows]
+        if new:
+            self.rows.update(zip(new, self.model.embed_shards(new)))
+        return np.stack([self.rows[s] for s in shards])
+
+
 @dataclass(frozen=True)
 class StepPrediction:
     """Per device: ``devices`` (compute includes every kernel; ``fwd_comm`` the input

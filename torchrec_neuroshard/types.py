@@ -12,6 +12,7 @@ import enum
 import json
 import math
 import numbers
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -220,8 +221,7 @@ class Task:
             object.__setattr__(self, field, _whole_number(getattr(self, field), f"the task's {field}"))
         if not self.tables:
             raise ShardingError("the task has no tables")
-        names = [t.name for t in self.tables]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = sorted(n for n, k in Counter(t.name for t in self.tables).items() if k > 1)
         if dup:
             raise ShardingError(f"duplicate table names: {dup}; every table needs a unique name")
         if self.num_devices < 1:
