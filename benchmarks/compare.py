@@ -55,8 +55,15 @@ LABELS = {
 }
 
 
-def make_suite(tasks_per_size: int, sizes: Sequence[tuple[int, int]] = SUITE_SIZES, scale: WorkloadScale = WorkloadScale()) -> list[Task]:
-    pool = synthetic_pool()
+def make_suite(
+    tasks_per_size: int,
+    sizes: Sequence[tuple[int, int]] = SUITE_SIZES,
+    scale: WorkloadScale = WorkloadScale(),
+    pool_seed: int = 0,
+) -> list[Task]:
+    """``tasks_per_size`` generated tasks of every (tables, devices) size, drawn from the
+    synthetic pool of ``pool_seed`` (the cost models' compute samples come from pool 0)."""
+    pool = synthetic_pool(seed=pool_seed)
     return [
         generate_task(pool, t, d, scale, seed=1000 * t + 10 * d + k)
         for t, d in sizes
@@ -190,16 +197,22 @@ def summarize(rows: Sequence[dict], planners: Sequence[str] = PLANNERS) -> tuple
             continue
         heur = [p[b]["cost_ms"] for b in BASELINES if p.get(b, {}).get("status") == "ok"]
         beats.append(all(p["neuroshard"]["cost_ms"] < c for c in heur))
+    cheapest = [
+        all(p["neuroshard"]["cost_ms"] <= r["cost_ms"] for r in p.values() if r.get("status") == "ok")
+        for p in by_task.values()
+        if p.get("neuroshard", {}).get("status") == "ok"
+    ]
     headline = {
         "tasks": len(by_task),
         "tasks_both_valid": len(ratios),
         "neuroshard_over_torchrec_geomean": geomean(ratios),
         "neuroshard_below_every_heuristic": sum(beats) / len(beats) if beats else float("nan"),
+        "neuroshard_cheapest_of_all": sum(cheapest) / len(cheapest) if cheapest else float("nan"),
     }
     return "\n".join(lines), headline
 
 
-def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS) -> list[Path]:
+def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS, name: str = "compare") -> list[Path]:
     """Per-planner cost bars (geomean ratio to TorchRec per size) and one task's per-device
     breakdown, NeuroShard vs TorchRec."""
     import matplotlib
@@ -208,6 +221,7 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
     import matplotlib.pyplot as plt
     import numpy as np
 
+    prefix = "" if name == "compare" else f"{name}_"
     by_task: dict[int, dict[str, dict]] = {}
     for r in rows:
         by_task.setdefault(r["task"], {})[r["planner"]] = r
@@ -231,7 +245,7 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
     ax.legend(ncol=4, fontsize=8)
     ax.set_title("Measured embedding cost relative to TorchRec's planner (geomean over tasks)")
     fig.tight_layout()
-    bars = out_dir / "cost_by_planner.png"
+    bars = out_dir / f"{prefix}cost_by_planner.png"
     fig.savefig(bars, dpi=110)
     plt.close(fig)
 
@@ -254,16 +268,16 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
         axes[0].legend(fontsize=8)
         fig.suptitle(f"Per-device measured cost, task {t} (T={by_task[t]['torchrec']['tables']}, D={by_task[t]['torchrec']['devices']})")
         fig.tight_layout()
-        breakdown = out_dir / "per_device_breakdown.png"
+        breakdown = out_dir / f"{prefix}per_device_breakdown.png"
         fig.savefig(breakdown, dpi=110)
         plt.close(fig)
         paths.append(breakdown)
     return paths
 
 
-def write_report(rows: Sequence[dict], out_dir: Path, note: str = "") -> str:
+def write_report(rows: Sequence[dict], out_dir: Path, note: str = "", name: str = "compare", planners: Sequence[str] = PLANNERS) -> str:
     fallback = ("torchrec_default_memory",) if any(r["planner"] == "torchrec_default_memory" for r in rows) else ()
-    table, headline = summarize(rows, (*PLANNERS, *fallback))
+    table, headline = summarize(rows, (*planners, *fallback))
     hw = hardware(default_device(), 1)
     text = (
         f"# Planner comparison on measured embedding cost\n\n"
@@ -273,9 +287,10 @@ def write_report(rows: Sequence[dict], out_dir: Path, note: str = "") -> str:
         f"NeuroShard / TorchRec, geometric mean over the {headline['tasks_both_valid']} of {headline['tasks']} "
         f"tasks where TorchRec's plan fit the memory cap: "
         f"**{headline['neuroshard_over_torchrec_geomean']:.3f}**. NeuroShard below every heuristic on "
-        f"**{100 * headline['neuroshard_below_every_heuristic']:.0f}%** of tasks.\n"
+        f"**{100 * headline['neuroshard_below_every_heuristic']:.0f}%** of tasks, the cheapest of all planners "
+        f"measured on **{100 * headline['neuroshard_cheapest_of_all']:.0f}%**.\n"
     )
-    (out_dir / "compare.md").write_text(text)
+    (out_dir / f"{name}.md").write_text(text)
     return text
 
 
@@ -290,9 +305,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, help="cost model file (default: the shipped one for this machine)")
     p.add_argument("--allow-mismatch", action="store_true", help="plan with a model of other hardware than this machine")
     p.add_argument("--report-only", action="store_true", help="report the tasks measured so far, measure nothing")
+    p.add_argument("--sizes", nargs="*", default=[f"{t}:{d}" for t, d in SUITE_SIZES], help="T:D sizes of a new suite")
+    p.add_argument("--pool-seed", type=int, default=0, help="synthetic pool of a new suite")
+    p.add_argument("--planners", default=",".join(PLANNERS), help="comma-separated planners to measure")
+    p.add_argument("--name", default="compare", help="results file stem")
     args = p.parse_args(argv)
+    planners = tuple(args.planners.split(","))
+    unknown = sorted(set(planners) - set(PLANNERS))
+    if unknown:
+        raise ShardingError(f"unknown planners {unknown}; choose from {list(PLANNERS)}")
     if args.new_suite or not args.suite.exists():
-        save_suite(make_suite(args.tasks_per_size), args.suite)
+        sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes]
+        save_suite(make_suite(args.tasks_per_size, sizes, pool_seed=args.pool_seed), args.suite)
     model = NeuralCostModel.load(args.model) if args.model else pretrained_for(default_device().type)
     line, why = model_vs_machine(model.hardware, default_device().type)
     print(line)
@@ -301,8 +325,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ShardingError(f"{why}. Or pass --allow-mismatch to measure the mismatch itself")
         print(f"WARNING (--allow-mismatch): {why}")
     tasks = load_suite(args.suite)[: args.limit]
-    results = args.out / ("compare.jsonl" if args.limit is None else f"compare_first{args.limit}.jsonl")
-    rows = read_rows(results) if args.report_only else run(tasks, results, rounds=args.rounds, model=model)
+    results = args.out / (f"{args.name}.jsonl" if args.limit is None else f"{args.name}_first{args.limit}.jsonl")
+    rows = read_rows(results) if args.report_only else run(tasks, results, planners, rounds=args.rounds, model=model)
     rows = [r for r in rows if r["task"] < len(tasks)]
     measured = len({r["task"] for r in rows})
     note = (
@@ -315,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         "estimates and I/O storage D times too large, its memory cap raised until it planned, 4 of 20 plans "
         "dropped) and the evaluator left out the input all-to-all."
     )
-    print(write_report(rows, args.out, note=note))
-    for path in plot(rows, args.out):
+    print(write_report(rows, args.out, note=note, name=args.name, planners=planners))
+    for path in plot(rows, args.out, planners, args.name):
         print(f"wrote {path}")
 
 

@@ -348,7 +348,10 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
     """Run every plan of ``planned`` under DMP on D ranks; one report row per planner."""
     from torchrec_neuroshard.sharding import from_torchrec
 
+    from torchrec_neuroshard.stepcost import predict_step
+
     task = planned.task
+    cost_model = pretrained_for(default_device().type).with_batch_size(task.batch_size)
     load_before = os.getloadavg()[0]
     per_rank = spawn(_worker, task.num_devices, planned, task_bags(task, config), config) if planned.plans else []
     rows = []
@@ -370,6 +373,9 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
             "fits_cap": planned.fits_cap[name],
             "splits": sum(len(p.widths) > 1 for p in ours.placements),
             "data_parallel": len(ours.data_parallel),
+            "row_wise": sum(p.kind.splits_rows for p in ours.placements),
+            # the shipped model's whole-step prediction of the plan (one module of all tables)
+            "predicted_ms": predict_step(cost_model, task, ours).cost_ms,
             "plan": ours.to_dict(),
         }
         results = [r[name] for r in per_rank]
@@ -406,24 +412,74 @@ def generated_tasks(tables: Sequence[int], pool_seeds: Sequence[int], devices: i
     return out
 
 
+def geomean(xs: Sequence[float]) -> float:
+    import math
+
+    return math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")
+
+
+def summary(rows: Sequence[dict]) -> dict:
+    """The targets' figures over tasks where NeuroShard and TorchRec both ran: NeuroShard
+    fastest of all planners (tasks), NeuroShard / TorchRec and / best heuristic (geomean of
+    median step times), and the Spearman of predicted vs measured step over (task, plan)
+    pairs, overall and within a task (median)."""
+    from scipy.stats import spearmanr
+
+    tasks: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            tasks.setdefault(r["task"], {})[r["planner"]] = r
+    both = {k: v for k, v in tasks.items() if "neuroshard" in v and "torchrec" in v}
+    fastest = [min(v.values(), key=lambda r: r["step_ms"])["planner"] == "neuroshard" for v in both.values()]
+    vs_torchrec = [v["neuroshard"]["step_ms"] / v["torchrec"]["step_ms"] for v in both.values()]
+    vs_heuristic = [
+        v["neuroshard"]["step_ms"] / min(v[b]["step_ms"] for b in BASELINES if b in v)
+        for v in both.values()
+        if any(b in v for b in BASELINES)
+    ]
+    pairs = [(r["predicted_ms"], r["step_ms"]) for v in tasks.values() for r in v.values() if "predicted_ms" in r]
+    within = [
+        spearmanr([r["predicted_ms"] for r in v.values()], [r["step_ms"] for r in v.values()]).statistic
+        for v in tasks.values()
+        if len(v) > 2 and all("predicted_ms" in r for r in v.values())
+    ]
+    return {
+        "tasks": len(both),
+        "neuroshard_fastest": sum(fastest),
+        "neuroshard_over_torchrec": geomean(vs_torchrec),
+        "neuroshard_over_best_heuristic": geomean(vs_heuristic),
+        "spearman_predicted_vs_step": spearmanr(*zip(*pairs)).statistic if len(pairs) > 2 else float("nan"),
+        "spearman_within_task_median": statistics.median(within) if within else float("nan"),
+    }
+
+
 def report(rows: Sequence[dict]) -> str:
-    """Markdown: per task, every planner's step time, IQR, embedding share, ratio to TorchRec."""
+    """Markdown: the summary, then per task every planner's step time, IQR, embedding share,
+    ratio to TorchRec and the model's predicted step."""
+    s = summary(rows)
     lines = [
-        "| task | planner | step ms (median) | IQR ms | embedding ms | embedding share | step CPU ms | / TorchRec | status |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"- NeuroShard fastest of all planners on **{s['neuroshard_fastest']} of {s['tasks']}** tasks; "
+        f"NeuroShard / TorchRec **{s['neuroshard_over_torchrec']:.3f}**, NeuroShard / best heuristic "
+        f"**{s['neuroshard_over_best_heuristic']:.3f}** (geomean of median step times).",
+        f"- Predicted (shipped model, whole step) vs measured step time: Spearman **{s['spearman_predicted_vs_step']:.3f}** "
+        f"over all (task, plan) pairs, **{s['spearman_within_task_median']:.3f}** within a task (median).",
+        "",
+        "| task | planner | step ms (median) | IQR ms | embedding ms | embedding share | step CPU ms | / TorchRec | predicted ms | DP / RW / splits | status |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label in dict.fromkeys(r["task"] for r in rows):
         task_rows = [r for r in rows if r["task"] == label]
         tr = next((r for r in task_rows if r["planner"] == "torchrec" and r["status"] == "ok"), None)
         for r in task_rows:
             if r["status"] != "ok":
-                lines.append(f"| {label} | {r['planner']} | | | | | | | {r['status'][:120]} |")
+                lines.append(f"| {label} | {r['planner']} | | | | | | | | | {r['status'][:120]} |")
                 continue
             ratio = f"{r['step_ms'] / tr['step_ms']:.3f}" if tr else ""
             cap = "" if r["fits_cap"] else " (over the task's cap)"
             lines.append(
                 f"| {label} | {r['planner']} | {r['step_ms']:.1f} | {r['step_iqr_ms']:.1f} | {r['embedding_ms']:.1f} | "
-                f"{100 * r['embedding_share']:.0f}% | {r['step_cpu_ms']:.1f} | {ratio} | ok{cap} |"
+                f"{100 * r['embedding_share']:.0f}% | {r['step_cpu_ms']:.1f} | {ratio} | {r.get('predicted_ms', float('nan')):.1f} | "
+                f"{r['data_parallel']} / {r.get('row_wise', 0)} / {r['splits']} | ok{cap} |"
             )
     return "\n".join(lines)
 
@@ -468,6 +524,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--planners", default=",".join(PLANNERS))
     p.add_argument("--quick", action="store_true", help="2 small tasks, few steps (the smoke test)")
     p.add_argument("--out", type=Path, default=HERE / "results", help="directory for dmp_step.jsonl / .md")
+    p.add_argument("--name", default="dmp_step", help="results file stem (resumes: tasks already in it are skipped)")
     p.add_argument("--allow-mismatch", action="store_true", help="plan with a model of other hardware than this machine")
     args = p.parse_args(argv)
     device_type = default_device().type
@@ -489,8 +546,11 @@ def main(argv: list[str] | None = None) -> None:
         tasks = [(Task.load(path), path.stem) for path in args.task]
         if not args.task:
             tasks = generated_tasks(args.tables, args.pool_seed, args.devices, scale)
-    name = "dmp_step_quick" if args.quick else "dmp_step"
-    rows = run(tasks, config, planners, args.out / f"{name}.jsonl")
+    name = "dmp_step_quick" if args.quick else args.name
+    path = args.out / f"{name}.jsonl"
+    done = {json.loads(line)["task"] for line in path.read_text().splitlines()} if path.exists() and not args.quick else set()
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if done else []
+    rows += run([(t, label) for t, label in tasks if label not in done], config, planners, path)
     device = default_device()
     text = (
         f"# Training step time under DistributedModelParallel\n\n"

@@ -312,7 +312,12 @@ def _local_improve(
 
 
 def _plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan:
-    """Plan from (table index, width, device) triples; a table's shards widest first."""
+    """Plan from (table index, width, device) triples; a table's shards narrowest first.
+
+    Column order matters to DMP: with a rank holding a wider shard of a table before a
+    narrower one (e.g. widths 64, 32, 32 on ranks 0, 1, 0), the 2-EBC dmp_step model's
+    ranks disagreed on a collective's size and gloo aborted (TorchRec 1.8, found by
+    benchmarks.dmp_step --quick); narrowest first, every rank's shards ascend."""
     per_table: dict[int, list[tuple[int, int]]] = {}
     for t, w, d in shards:
         per_table.setdefault(t, []).append((w, d))
@@ -320,7 +325,7 @@ def _plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Pla
     for t, table in enumerate(task.tables):
         if t not in per_table:  # left out of the state: the caller places it
             continue
-        ordered = sorted(per_table[t], key=lambda s: (-s[0], s[1]))
+        ordered = sorted(per_table[t])
         placements.append(TablePlacement(table.name, tuple(w for w, _ in ordered), tuple(d for _, d in ordered)))
     return Plan(tuple(placements), task.num_devices)
 
