@@ -55,7 +55,13 @@ def to_torchrec(
             )
         seen.add(name)
         module_plan = module_plans.setdefault(t.path, EmbeddingModuleShardingPlan())
-        module_plan[name] = _parameter_sharding(placements[name], t.spec.rows, t.spec.dim, device_type, local_size)
+        p = placements[name]
+        if not t.spec.pooled and p.kind.splits_columns and len(set(p.widths)) > 1:
+            raise ShardingError(
+                f"table {name!r} (module {t.path!r}) is a sequence (EmbeddingCollection) table cut into unequal "
+                f"column shards {list(p.widths)}; TorchRec's sequence all-to-all needs equal widths: cut it evenly"
+            )
+        module_plan[name] = _parameter_sharding(p, t.spec.rows, t.spec.dim, device_type, local_size)
     extra = sorted(set(placements) - seen)
     if extra:
         raise ShardingError(f"the plan names tables the module does not have: {extra}")

@@ -29,19 +29,22 @@ DEFAULT_POOLING_FACTOR = 1.0
 @dataclass(frozen=True)
 class ModuleTable:
     """One table as the model holds it: the path of the module that owns it, its
-    ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, the
-    narrowest column shard it may be cut into, and whether its lookups are pooled (bags of
-    an EmbeddingBagCollection) or not (sequences of an EmbeddingCollection)."""
+    ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, and
+    the narrowest column shard it may be cut into."""
 
     path: str
     spec: TableSpec
     allowed: frozenset[ShardingKind]
     min_width: int
-    pooled: bool = True
 
     def __post_init__(self) -> None:
         if not self.allowed:
             raise ShardingError(f"table {self.spec.name!r} (module {self.path!r}): no sharding kind is allowed")
+
+    @property
+    def pooled(self) -> bool:
+        """Bags of an EmbeddingBagCollection (True) or sequences of an EmbeddingCollection."""
+        return self.spec.pooled
 
 
 SUPPORTED_DTYPES = {"FP32": 4, "FP16": 2}
@@ -49,6 +52,17 @@ SUPPORTED_DTYPES = {"FP32": 4, "FP16": 2}
 training kernel's (fbgemm-gpu trains fp32 and fp16 weights; bf16 fails in 1.6's training
 TBE, int8 and lower are inference-only). Whether the cost model has seen a dtype is
 checked when it prices it."""
+
+
+def sequence_min_width(dim: int) -> int:
+    """The narrowest column shard of a sequence (EmbeddingCollection) table: half its dim.
+
+    TorchRec's sequence all-to-all needs a column-split EC table's shards to be equally wide
+    (12 + 4 fails under DMP on gloo, 8 + 8 and 4 x 4 run), and the search splits a shard in
+    halves, so one halving is the split that stays even; a dim whose half is not a multiple
+    of ``WIDTH_ALIGNMENT`` stays whole."""
+    half = dim // 2
+    return half if dim % 2 == 0 and half % WIDTH_ALIGNMENT == 0 else dim
 
 
 def shardable_modules(module: nn.Module, sharders: Sequence[ModuleSharder]) -> dict[str, tuple[nn.Module, ModuleSharder]]:
@@ -149,11 +163,10 @@ def module_tables(
                 access_hist=tuple(hist),
                 bytes_per_element=SUPPORTED_DTYPES[dtype],
                 feature_names=tuple(config.feature_names),
+                pooled=pooled,
             )
             allowed = offered
-            # sequence tables are kept whole: column splits of an EmbeddingCollection are
-            # not something this planner has run under DMP
-            min_width = WIDTH_ALIGNMENT if pooled else spec.dim
+            min_width = WIDTH_ALIGNMENT if pooled else sequence_min_width(spec.dim)
             if c is not None:
                 _check_kernels(config.name, c)
                 if c.sharding_types:
@@ -170,7 +183,7 @@ def module_tables(
                     f"table {config.name!r}: its constraints allow {list(c.sharding_types)} but the "
                     f"sharder of module {path!r} offers {sorted(k.value for k in offered)}; allow one of those"
                 )
-            found.append(ModuleTable(path, spec, allowed, min_width, pooled))
+            found.append(ModuleTable(path, spec, allowed, min_width))
     for name in sorted(set(constraints) - set(seen)):
         logger.warning("constraints name table %r, which the module does not have", name)
     return tuple(found)

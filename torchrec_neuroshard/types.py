@@ -73,6 +73,8 @@ class TableSpec:
             batch size it was measured at (``Task.batch_size``).
         bytes_per_element: 4 for fp32 weights, 2 for fp16.
         feature_names: the KJT feature keys that look this table up.
+        pooled: True for bags pooled per sample (an EmbeddingBagCollection's table, TorchRec's
+            pooled kernel), False for sequences (an EmbeddingCollection's, the unpooled kernel).
     """
 
     name: str
@@ -82,10 +84,17 @@ class TableSpec:
     access_hist: tuple[float, ...]
     bytes_per_element: int = 4
     feature_names: tuple[str, ...] = ()
+    pooled: bool = True
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ShardingError("a table has an empty name")
+        if not isinstance(self.pooled, (bool, np.bool_)):
+            raise ShardingError(
+                f"table {self.name!r}: pooled must be true (bags, EmbeddingBagCollection) or false "
+                f"(sequences, EmbeddingCollection), got {self.pooled!r}"
+            )
+        object.__setattr__(self, "pooled", bool(self.pooled))
         for field in ("rows", "dim", "bytes_per_element"):
             object.__setattr__(self, field, _whole_number(getattr(self, field), f"table {self.name!r}: {field}"))
         if self.rows <= 0:
@@ -142,6 +151,7 @@ class TableSpec:
             access_hist=_field(d, "access_hist", what),
             bytes_per_element=d.get("bytes_per_element", 4),
             feature_names=tuple(d.get("feature_names", ())),
+            pooled=d.get("pooled", True),
         )
 
 
