@@ -49,8 +49,10 @@ class ModuleTable:
 
 SUPPORTED_DTYPES = {"FP32": 4, "FP16": 2}
 """Weight dtypes a plan can hold, by TorchRec ``DataType`` name, and their bytes: the fused
-training kernel's (fbgemm-gpu trains fp32 and fp16 weights; bf16 fails in 1.6's training
-TBE, int8 and lower are inference-only). Whether the cost model has seen a dtype is
+training kernel's (fbgemm-gpu trains fp32 and fp16 weights; bf16 fails in the training TBE:
+fbgemm-gpu 1.6 on CUDA, "cache_precision bf16 not supported!", fbgemm-gpu-cpu 1.8 on CPU,
+"split_embedding_cpu_forward_2 not implemented for 'BFloat16'"; int8 and lower are
+inference-only). Whether the cost model has seen a dtype is
 checked when it prices it."""
 
 

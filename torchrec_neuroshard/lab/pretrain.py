@@ -331,7 +331,11 @@ def pretrain(
                 f"the pooled and sequence compute samples were measured at batch sizes {sorted(batches)}; "
                 "one model predicts at one batch size: collect both at the same scale"
             )
-        snet, snorm, meta["sequence"], meta["test"]["sequence_compute"] = _train_kernel(rows, False, epochs, seed, progress)
+        # started from the pooled net's weights and normaliser (same features, related work):
+        # sequence samples are few and slow to measure
+        snet, snorm, meta["sequence"], meta["test"]["sequence_compute"] = _train_kernel(
+            rows, False, epochs, seed, progress, start=(cnet, cnorm)
+        )
         sequence = (snet, snorm)
     comm = None
     comm_rows = list(iter_kind(rows, "comm"))
@@ -367,12 +371,15 @@ def pretrain(
     return NeuralCostModel(cnet, cnorm, comm, meta, sequence=sequence)
 
 
-def _train_kernel(rows: Sequence[dict], pooled: bool, epochs: int, seed: int, progress: bool) -> tuple[ComputeNet, Normalizer, dict, dict]:
-    """The compute net of one kernel kind trained on its rows (split 80/10/10 by group):
-    (net, normaliser, what the model's meta records of it, its test metrics)."""
+def _train_kernel(
+    rows: Sequence[dict], pooled: bool, epochs: int, seed: int, progress: bool, start: tuple[ComputeNet, Normalizer] | None = None
+) -> tuple[ComputeNet, Normalizer, dict, dict]:
+    """The compute net of one kernel kind trained on its rows (split 80/10/10 by group),
+    from ``start``'s weights and normaliser when given: (net, normaliser, what the model's
+    meta records of it, its test metrics)."""
     data = load_compute_data(rows, pooled)
     tr, va, te = _pretraining_split(data.group, seed, "compute")
-    net, norm, log = train_compute(data.subset(tr), data.subset(va), epochs, seed, progress=progress)
+    net, norm, log = train_compute(data.subset(tr), data.subset(va), epochs, seed, progress=progress, start=start)
     mine = kernel_rows(rows, pooled)
     meta = {
         "max_tables_per_kernel": max(len(r["shards"]) for r in mine),
