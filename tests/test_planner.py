@@ -304,15 +304,21 @@ def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
             device=torch.device("meta"),
         )
 
-    # the shipped CPU model was trained on fp32 kernels only: fp16 is refused, not mispredicted
-    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model was trained on \[4\]-byte"):
-        NeuroShardPlanner(topology()).plan(model(DataType.FP16), SHARDERS)
-    # the same refusal for every caller of the model (estimators, CLI, benchmarks)
-    from torchrec_neuroshard.costmodel import load_pretrained
+    # the shipped CPU model learned fp16 pooled kernels: an fp16 bag table is planned
+    planner = NeuroShardPlanner(topology())
+    planner.plan(model(DataType.FP16), SHARDERS)
+    assert planner.task_.tables[0].bytes_per_element == 2
+    # a kernel a model never saw at that dtype is refused, not mispredicted, for every caller
+    # of the model (planner, estimators, CLI, benchmarks): the CPU sequence net saw fp32 only
+    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
     from torchrec_neuroshard.types import Shard, TableSpec
 
+    cpu = load_pretrained("cpu")
     fp16 = TableSpec("h", 100, 16, 1.0, (1.0,) + (0.0,) * 16, bytes_per_element=2)
-    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights"):
-        load_pretrained("cpu").compute_cost([[Shard(fp16, 16)]])
+    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model's sequence kernel was trained on \[4\]-byte"):
+        cpu.compute_cost([[Shard(TableSpec.from_dict({**fp16.to_dict(), "pooled": False}), 16)]])
+    fp32_only = NeuralCostModel(cpu.compute_net, cpu.compute_norm, cpu.comm, {**cpu.meta, "bytes_per_element_trained": [4]})
+    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model's pooled kernel was trained on \[4\]-byte"):
+        fp32_only.compute_cost([[Shard(fp16, 16)]])
     with pytest.raises(ShardingError, match=r"table 'h' \(module ''\) has BF16 weights"):
         NeuroShardPlanner(topology()).plan(model(DataType.BF16), SHARDERS)
