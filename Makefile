@@ -36,12 +36,16 @@ data: venv
 	mkdir -p runs
 	for D in 2 4 8; do $(BIN)/neuroshard collect comm --world-size $$D --samples 1200 --out runs/cpu_comm.jsonl; done
 	$(BIN)/neuroshard collect compute --samples 10000 --out runs/cpu_compute.jsonl
-	gzip -9 -c runs/cpu_compute.jsonl > torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz
+	$(BIN)/neuroshard collect compute --precision fp16 --seed 2 --samples 800 --out runs/cpu_compute_fp16.jsonl
+	$(BIN)/neuroshard collect compute --pooling none --seed 3 --samples 800 --out runs/cpu_compute_sequence.jsonl
+	for F in cpu_compute cpu_compute_fp16 cpu_compute_sequence; do gzip -9 -c runs/$$F.jsonl > torchrec_neuroshard/lab/data/$$F.jsonl.gz; done
 	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz
 
-# The shipped models; the older collections did not record the CPU's name or cores.
+# The shipped models (pooled, fp16 and sequence kernels where measured); the older
+# collections did not record the CPU's name or cores.
 model: venv
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz \
+		torchrec_neuroshard/lab/data/cpu_compute_fp16.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_sequence.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz --device-name "AMD EPYC" --cores 2 \
 		--out torchrec_neuroshard/pretrained/cpu.pt
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/intel_xeon_compute.jsonl.gz \
@@ -49,6 +53,7 @@ model: venv
 		--out torchrec_neuroshard/pretrained/intel_xeon.pt
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/h200_compute.jsonl.gz \
 		torchrec_neuroshard/lab/data/h200_compute_seed5.jsonl.gz torchrec_neuroshard/lab/data/h200_compute_fp16.jsonl.gz \
+		torchrec_neuroshard/lab/data/h200_compute_sequence.jsonl.gz \
 		--out torchrec_neuroshard/pretrained/h200.pt
 
 clean:

@@ -32,6 +32,7 @@ from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
     compute_metrics,
+    kernel_rows,
     load_comm_data,
     load_compute_data,
     mape,
@@ -42,6 +43,8 @@ from torchrec_neuroshard.lab.pretrain import (
 from torchrec_neuroshard.types import TableSpec
 
 DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+CPU_DATA = ("cpu_compute.jsonl.gz", "cpu_compute_fp16.jsonl.gz", "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz")
+"""The shipped CPU model's training data (Makefile ``model``)."""
 
 
 def torchrec_estimates(samples: Sequence[dict], world_size: int = 2, device: str = "cpu") -> list[float]:
@@ -80,7 +83,7 @@ def torchrec_estimates(samples: Sequence[dict], world_size: int = 2, device: str
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=PRETRAINED_DIR / "cpu.pt")
-    p.add_argument("--data", nargs="+", default=[str(DATA_DIR / "cpu_compute.jsonl.gz"), str(DATA_DIR / "cpu_comm.jsonl.gz")])
+    p.add_argument("--data", nargs="+", default=[str(DATA_DIR / f) for f in CPU_DATA])
     p.add_argument("--holdout-world-size", type=int, default=4)
     p.add_argument("--noise-samples", type=int, default=12, help="0 skips the noise measurement")
     p.add_argument("--noise-trials", type=int, default=5)
@@ -98,11 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     cdata = load_compute_data(rows)
     _, _, test = split_by_group(cdata.group, seed)
     ours = compute_metrics(model.compute_net, model.compute_norm, cdata.subset(test))
-    compute_rows = list(iter_kind(rows, "compute"))
+    compute_rows = kernel_rows(rows, pooled=True)
     test_rows = [r for r, keep in zip(compute_rows, test) if keep]
     tr = torch.tensor(torchrec_estimates(test_rows, device=device), dtype=torch.float64)
     truth = cdata.subset(test).y.sum(1).double()
-    print(f"## Compute model (test split: {ours['samples']} fused multi-table kernels, unseen table sets)\n")
+    print(f"## Compute model (test split: {ours['samples']} fused multi-table pooled kernels, unseen table sets; sequence kernels apart)\n")
     tested = cdata.subset(test)
     with torch.no_grad():
         pred = model.compute_net(model.compute_norm(tested.x), tested.sample, len(tested))
@@ -113,6 +116,13 @@ def main(argv: list[str] | None = None) -> None:
     scale = float((truth / tr).median())
     print(f"| TorchRec EmbeddingPerfEstimator | {mape(tr, truth):.1f} | {spearman(tr, truth):.3f} | - | - | {1 / scale:.3f} |")
     print(f"| TorchRec, rescaled by its median ratio ({scale:.3g}) | {mape(tr * scale, truth):.1f} | {spearman(tr, truth):.3f} | - | - | 1 |")
+    sequence_rows = kernel_rows(rows, pooled=False)
+    if sequence_rows and model.sequence_kernel is not None:  # the unpooled (EmbeddingCollection) kernel's own net
+        sdata = load_compute_data(rows, pooled=False)
+        seq = compute_metrics(model.sequence_kernel.net, model.sequence_kernel.norm, sdata.subset(split_by_group(sdata.group, seed)[2]))
+        print(f"| NeuroShard, sequence (unpooled) kernels ({seq['samples']}) | {seq['mape_total']:.1f} | {seq['spearman_total']:.3f} | {seq['mape_fwd']:.1f} | {seq['mape_bwd']:.1f} | - |")
+    elif sequence_rows:
+        print(f"| NeuroShard: this model has no sequence net for the {len(sequence_rows)} sequence kernels | - | - | - | - | - |")
     precision = [r.get("weights_precision", "fp32") for r in test_rows]
     if len(set(precision)) > 1:  # the held-out kernels of each weight dtype apart
         total = pred.exp().sum(1).double()

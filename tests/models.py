@@ -249,9 +249,10 @@ def mixed_kjt(batch: int, seed: int) -> KeyedJaggedTensor:
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
 
 
-def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str) -> dict:
-    """Worker: plan ``MixedModules`` with NeuroShard's or TorchRec's planner, shard it with
-    DMP, compare every output with the unsharded model's on this rank's samples."""
+def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str, plan_dict: dict | None = None) -> dict:
+    """Worker: plan ``MixedModules`` with NeuroShard's or TorchRec's planner (or take
+    ``plan_dict``, our ``Plan``, through ``to_torchrec``), shard it with DMP, compare every
+    output with the unsharded model's on this rank's samples."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
     from torchrec.distributed.sharding_plan import get_default_sharders
@@ -267,7 +268,14 @@ def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str) -> dic
     planner = planner_cls(topology=topology, batch_size=8)
     # TorchRec shards managed-collision collections on CUDA only: on CPU it stays whole
     sharders = [s for s in get_default_sharders() if "ManagedCollision" not in type(s).__name__]
-    plan = planner.collective_plan(model, sharders)
+    if plan_dict is None:
+        plan = planner.collective_plan(model, sharders)
+    else:
+        from torchrec_neuroshard.sharding import to_torchrec
+        from torchrec_neuroshard.tables import module_tables
+        from torchrec_neuroshard.types import Plan
+
+        plan = to_torchrec(Plan.from_dict(plan_dict), module_tables(model, 8 * world_size, sharders=sharders))
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     copy_into_sharded(dmp, reference)
     kjt = mixed_kjt(8 * world_size, seed=5)

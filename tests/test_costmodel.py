@@ -130,3 +130,30 @@ def test_split_by_group_keeps_remeasured_samples_together() -> None:
     for g in range(50):
         member = [tr[groups == g].all(), va[groups == g].all(), te[groups == g].all()]
         assert sum(member) == 1
+
+
+def test_a_sequence_kernel_net_prices_ec_tables_as_their_own_kernel(tmp_path) -> None:
+    """Trained on measured H200 rows of both kernels, a model carries a second net for the
+    unpooled kernel: a device holding bags and sequences costs the sum of its two kernels,
+    each 0 without shards; the net survives save/load; a model without it refuses sequence
+    tables by name."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from torchrec_neuroshard.lab.collect import read_rows
+
+    data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+    rows = read_rows(data / "h200_compute.jsonl.gz")[:60] + read_rows(data / "h200_compute_sequence.jsonl.gz")[:60]
+    m = pretrain(rows, epochs=2, progress=False)
+    assert m.meta["test"]["sequence_compute"]["samples"] == 6 and m.meta["sequence"]["bytes_per_element_trained"] == [4]
+    m.save(tmp_path / "m.pt")
+    m = NeuralCostModel.load(tmp_path / "m.pt")
+    bag = shards(1)[0]
+    seq = Shard(replace(bag.table, name="s", pooled=False), bag.width)
+    solo_bag, solo_seq, both, empty = m.compute_cost([[bag], [seq], [bag, seq], []])
+    assert solo_bag != solo_seq and empty == (0.0, 0.0)
+    assert both == pytest.approx(tuple(a + b for a, b in zip(solo_bag, solo_seq)), rel=1e-5)
+    pooled_only = NeuralCostModel(m.compute_net, m.compute_norm, None, m.meta)
+    assert pooled_only.compute_cost([[bag]]) == m.compute_cost([[bag]])
+    with pytest.raises(ShardingError, match=r"table 's' is a sequence \(EmbeddingCollection\) table, but this cost model learned the pooled kernel only"):
+        pooled_only.compute_cost([[bag, seq]])

@@ -84,8 +84,8 @@ def test_constructor_takes_torchrecs_keywords(caplog) -> None:
     assert NeuroShardPlanner(gpus, storage_reservation=FixedPercentageStorageReservation(0.5))._memory_cap(module, SHARDERS) == 500
     with pytest.raises(ShardingError, match=r"storage_reservation=1.5: give a fraction in \[0, 1\)"):
         NeuroShardPlanner(topology(), storage_reservation=1.5).plan(two_tower(), SHARDERS)
-    with pytest.raises(ShardingError, match="TorchRec Stats objects read TorchRec's sharding options"):
-        NeuroShardPlanner(topology(), stats=object()).plan(two_tower(), SHARDERS)
+    with pytest.raises(ShardingError, match=r"stats=<object object at .*>: give a TorchRec Stats"):
+        NeuroShardPlanner(topology(), stats=object())
 
 
 def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
@@ -238,6 +238,54 @@ def test_every_embedding_module_kind_is_planned_and_matches_the_unsharded_model(
         assert r["paths"] == ["ebc", "ec", "fp", "mc._embedding_module"]
 
 
+def test_a_sequence_table_split_by_columns_evenly_matches_the_unsharded_model() -> None:
+    """EmbeddingCollection tables are searched like bags, so they may be column-split (the
+    EC sharder offers column_wise): one cut 8 + 8 over two ranks gives the unsharded
+    model's sequence embeddings under DMP. An uneven cut, which TorchRec's sequence
+    all-to-all cannot run, is refused by name, and the planner never makes one."""
+    from tests.models import MixedModules, plan_mixed_and_compare
+    from torchrec_neuroshard.sharding import to_torchrec
+    from torchrec_neuroshard.tables import module_tables
+    from torchrec_neuroshard.types import Plan, TablePlacement
+
+    def plan(seq: TablePlacement) -> Plan:
+        others = (TablePlacement("bag", (32,), (0,)), TablePlacement("pos", (16,), (1,)), TablePlacement("mc", (8,), (0,)))
+        return Plan((seq, *others), 2)
+
+    for r in spawn(plan_mixed_and_compare, 2, "neuroshard", plan(TablePlacement("seq", (8, 8), (0, 1))).to_dict()):
+        assert r["types"]["seq"] == "column_wise"
+        assert max(r["errors"].values()) < 1e-5, r["errors"]
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    sharders = [s for s in get_default_sharders() if "ManagedCollision" not in type(s).__name__]
+    tables = module_tables(MixedModules(torch.device("meta")), 16, sharders=sharders)
+    assert next(t for t in tables if t.spec.name == "seq").min_width == 8  # one even halving at most
+    with pytest.raises(ShardingError, match=r"table 'seq' \(module 'ec'\) is a sequence .* unequal column shards \[12, 4\]"):
+        to_torchrec(plan(TablePlacement("seq", (12, 4), (0, 1))), tables)
+
+
+def test_torchrec_stats_log_our_plan(caplog) -> None:
+    """stats= takes TorchRec's Stats as EmbeddingShardingPlanner does (one or a list): its
+    EmbeddingStats logs TorchRec's table of our plan, our ranks and predicted perf in it;
+    any other object is refused when the planner is made."""
+    from torchrec.distributed.planner.stats import EmbeddingStats, NoopEmbeddingStats
+
+    model = module_for_tables(generate_task(synthetic_pool(), 6, 2, WorkloadScale(), seed=0).tables)
+    planner = NeuroShardPlanner(topology(ddr=2**30), stats=[EmbeddingStats(), NoopEmbeddingStats()])
+    with caplog.at_level(logging.INFO, logger="torchrec.distributed.planner.stats"):
+        planner.plan(model, SHARDERS)
+    text = caplog.text
+    assert "--- Planner Statistics ---" in text
+    cost = planner.search_result_.devices
+    # TorchRec's per-rank Perf column is our predicted device cost (rounded to 3 places)
+    for rank, c in enumerate(cost):
+        assert f"{round(c.total, 3)} (" in text, (rank, c.total)
+    for p in planner.plan_.placements:
+        assert f".{p.table} " in text
+    with pytest.raises(ShardingError, match=r"stats='yes': give a TorchRec Stats .* got str"):
+        NeuroShardPlanner(topology(), stats="yes")
+
+
 def test_a_module_its_sharder_cannot_shard_here_is_a_clear_error() -> None:
     from torchrec.distributed.sharding_plan import get_default_sharders
 
@@ -257,15 +305,21 @@ def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
             device=torch.device("meta"),
         )
 
-    # the shipped CPU model was trained on fp32 kernels only: fp16 is refused, not mispredicted
-    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model was trained on \[4\]-byte"):
-        NeuroShardPlanner(topology()).plan(model(DataType.FP16), SHARDERS)
-    # the same refusal for every caller of the model (estimators, CLI, benchmarks)
-    from torchrec_neuroshard.costmodel import load_pretrained
+    # the shipped CPU model learned fp16 pooled kernels: an fp16 bag table is planned
+    planner = NeuroShardPlanner(topology())
+    planner.plan(model(DataType.FP16), SHARDERS)
+    assert planner.task_.tables[0].bytes_per_element == 2
+    # a kernel a model never saw at that dtype is refused, not mispredicted, for every caller
+    # of the model (planner, estimators, CLI, benchmarks): the CPU sequence net saw fp32 only
+    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
     from torchrec_neuroshard.types import Shard, TableSpec
 
+    cpu = load_pretrained("cpu")
     fp16 = TableSpec("h", 100, 16, 1.0, (1.0,) + (0.0,) * 16, bytes_per_element=2)
-    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights"):
-        load_pretrained("cpu").compute_cost([[Shard(fp16, 16)]])
+    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model's sequence kernel was trained on \[4\]-byte"):
+        cpu.compute_cost([[Shard(TableSpec.from_dict({**fp16.to_dict(), "pooled": False}), 16)]])
+    fp32_only = NeuralCostModel(cpu.compute_net, cpu.compute_norm, cpu.comm, {**cpu.meta, "bytes_per_element_trained": [4]})
+    with pytest.raises(ShardingError, match=r"table 'h' has 2-byte weights, but the cost model's pooled kernel was trained on \[4\]-byte"):
+        fp32_only.compute_cost([[Shard(fp16, 16)]])
     with pytest.raises(ShardingError, match=r"table 'h' \(module ''\) has BF16 weights"):
         NeuroShardPlanner(topology()).plan(model(DataType.BF16), SHARDERS)

@@ -2,7 +2,10 @@
 
 Compute model (one for any number of tables and devices): a per-shard MLP over the shard's
 features, SUM over the shards of a device, then a head with two outputs, the log of the
-fused kernel's forward and backward ms. A device with no shards costs 0.
+fused kernel's forward and backward ms. A device with no shards costs 0. TorchRec runs a
+device's pooled (EmbeddingBagCollection) and sequence (EmbeddingCollection) lookups as two
+kernels: a model may carry a second net of the same shape for the sequence kernel, and a
+device then costs the sum of its two kernels.
 
 Comm model (one for every world size D): permutation-equivariant over devices. A per-device
 MLP sees the device's own dim sum and skew plus summaries pooled over all devices (mean,
@@ -36,9 +39,10 @@ logger = logging.getLogger(__name__)
 
 FEATURE_VERSION = 1
 MODEL_FORMAT = "torchrec-neuroshard/costmodel"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """1: compute and comm nets always present. 2: the comm net is optional (a model measured on
-one GPU has none) and ``meta["hardware"]`` records the core count of a CPU."""
+one GPU has none) and ``meta["hardware"]`` records the core count of a CPU. 3: an optional
+second compute net for the unpooled (sequence, EmbeddingCollection) kernel."""
 
 SHARD_FEATURES = (
     "log_rows", "width", "log_width", "pooling_factor", "log_pooling", "log_lookup_bytes",
@@ -147,6 +151,55 @@ class Normalizer:
         return Normalizer(torch.tensor(d["mean"]), torch.tensor(d["std"]))
 
 
+@dataclass(frozen=True)
+class KernelNet:
+    """A compute net with the normaliser of its features and what it was trained on (the
+    largest kernel, the weight bytes): the model of one TorchRec kernel kind."""
+
+    net: ComputeNet
+    norm: Normalizer
+    max_tables_per_kernel: int | None
+    bytes_per_element_trained: tuple[int, ...]
+
+    @staticmethod
+    def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any]) -> "KernelNet":
+        """``net`` with what ``meta`` (a model's meta, or its ``"sequence"`` part) records
+        about its training data; models before the byte field saw fp32 only."""
+        return KernelNet(
+            net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4]))
+        )
+
+    @cached_property
+    def head(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return _numpy_layers(self.net.head)
+
+    @torch.no_grad()
+    def embed(self, shards: Sequence[Shard]) -> np.ndarray:
+        """Shard embeddings plus a last column of ones, float32 [S, embed + 1]: pooled over a
+        device, that column counts its shards in this kernel."""
+        emb = self.net.table(self.norm(shard_features(shards))).numpy()
+        return np.concatenate([emb, np.ones((emb.shape[0], 1), dtype=emb.dtype)], axis=1)
+
+    def cost(self, pooled: np.ndarray) -> np.ndarray:
+        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, embed + 1];
+        0 for a kernel of no shards.
+
+        A kernel fusing n shards, more than the ``max_tables_per_kernel`` K it was trained
+        on, is priced as n / K kernels of K average shards: linear in its work beyond the
+        trained range, rather than the net's unbounded extrapolation of a sum it never saw
+        (``kernel_size_warning`` says when that happens)."""
+        count = pooled[:, -1:]
+        trained = self.max_tables_per_kernel
+        stretch = np.maximum(count / trained, 1.0) if trained else np.ones_like(count)
+        out = np.exp(_numpy_mlp(self.head, pooled[:, :-1] / stretch)) * stretch
+        return np.where(count > 0, out, 0.0)
+
+    @property
+    def width(self) -> int:
+        """Columns of an ``embed`` row."""
+        return int(self.net.config["embed"]) + 1
+
+
 class NeuralComm(CommModel):
     """The trained ``CommNet`` behind the ``CommModel`` interface; predictions scale
     linearly from the global batch it was trained at (``batch_size``) to ``batch_scale``x."""
@@ -182,15 +235,17 @@ class NeuralComm(CommModel):
 
 
 class NeuralCostModel(CostModel):
-    """The pre-trained compute net and a comm model behind the ``CostModel`` interface (ms).
+    """The pre-trained compute nets and a comm model behind the ``CostModel`` interface (ms).
 
     ``comm`` is pluggable: the trained ``NeuralComm``, or ``AlphaBetaComm`` built from a
     topology for a model measured on one GPU (its file holds no comm net); None until one
-    is attached with ``with_comm``. ``batch_scale`` multiplies every compute prediction:
-    the planner sets it to the ratio of the user's batch size to the one the model was
-    trained at (a first-order correction); ``with_batch_size`` rescales the comm too.
-    ``meta`` holds the hardware the samples were measured on (``hardware``), the batch size
-    and the training record.
+    is attached with ``with_comm``. ``sequence`` is the (net, normaliser) of the unpooled
+    kernel, EmbeddingCollection tables', when the model learned it (``meta["sequence"]``
+    then records its training); without it sequence tables are refused. ``batch_scale``
+    multiplies every compute prediction: the planner sets it to the ratio of the user's
+    batch size to the one the model was trained at (a first-order correction);
+    ``with_batch_size`` rescales the comm too. ``meta`` holds the hardware the samples
+    were measured on (``hardware``), the batch size and the training record.
     """
 
     def __init__(
@@ -200,16 +255,21 @@ class NeuralCostModel(CostModel):
         comm: CommModel | None,
         meta: dict[str, Any],
         batch_scale: float = 1.0,
+        sequence: tuple[ComputeNet, Normalizer] | None = None,
     ) -> None:
         self.compute_net = compute_net.eval()
         self.compute_norm = compute_norm
         self.comm = comm
         self.meta = meta
         self.batch_scale = batch_scale
+        self.pooled_kernel = KernelNet.of(compute_net, compute_norm, meta)
+        self.sequence_kernel = KernelNet.of(*sequence, meta["sequence"]) if sequence is not None else None
 
-    @cached_property
-    def _head(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        return _numpy_layers(self.compute_net.head)
+    @property
+    def sequence(self) -> tuple[ComputeNet, Normalizer] | None:
+        """The sequence kernel's (net, normaliser), the constructor's ``sequence``."""
+        k = self.sequence_kernel
+        return (k.net, k.norm) if k is not None else None
 
     @property
     def batch_size(self) -> int:
@@ -226,40 +286,54 @@ class NeuralCostModel(CostModel):
         comm = self.comm.with_batch_size(batch_size) if self.comm is not None else None
         if batch_size / self.batch_size == self.batch_scale and comm is self.comm:
             return self
-        return NeuralCostModel(self.compute_net, self.compute_norm, comm, self.meta, batch_size / self.batch_size)
+        return NeuralCostModel(
+            self.compute_net, self.compute_norm, comm, self.meta, batch_size / self.batch_size, self.sequence
+        )
 
     def with_comm(self, comm: CommModel) -> "NeuralCostModel":
         """The same compute model paired with ``comm`` (at this model's batch scale)."""
         batch = round(self.batch_size * self.batch_scale)
-        return NeuralCostModel(self.compute_net, self.compute_norm, comm.with_batch_size(batch), self.meta, self.batch_scale)
+        return NeuralCostModel(
+            self.compute_net, self.compute_norm, comm.with_batch_size(batch), self.meta, self.batch_scale, self.sequence
+        )
 
-    @torch.no_grad()
     def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
-        """The compute net's shard embeddings plus a last column of ones: pooled over a
-        device, that column counts its shards (see ``device_cost``)."""
-        seen = self.meta.get("bytes_per_element_trained", [4])  # models before the field: fp32 only
-        unseen = next((s.table for s in shards if s.table.bytes_per_element not in seen), None)
-        if unseen is not None:
+        """Shard embeddings, pooled-kernel and sequence-kernel columns side by side:
+        [S, Ep + 1 (+ Es + 1)] = [pooled net's embedding | 1 | sequence net's | 1] for a
+        pooled shard (0s in the other kernel's columns), and the reverse for a sequence
+        shard; a model without a sequence net has the pooled columns only. Summed over a
+        device, each kernel's last column counts its shards (see ``device_cost``)."""
+        seq = np.asarray([not s.table.pooled for s in shards], dtype=bool)  # [S]
+        if seq.any() and self.sequence_kernel is None:
+            name = shards[int(np.argmax(seq))].table.name
             raise ShardingError(
-                f"table {unseen.name!r} has {unseen.bytes_per_element}-byte weights, but the cost model was "
-                f"trained on {seen}-byte weights only: collect such kernels (`neuroshard collect compute "
-                "--precision fp16`) and pretrain, or plan this model with TorchRec's planner"
+                f"table {name!r} is a sequence (EmbeddingCollection) table, but this cost model learned the "
+                "pooled kernel only: collect sequence kernels (`neuroshard collect compute --pooling none`) "
+                "and pretrain on them with the pooled data, or plan this model with TorchRec's planner"
             )
-        emb = self.compute_net.table(self.compute_norm(shard_features(shards))).numpy()
-        return np.concatenate([emb, np.ones((emb.shape[0], 1), dtype=emb.dtype)], axis=1)
+        kernels = [(self.pooled_kernel, ~seq, "pooled")]
+        if self.sequence_kernel is not None:
+            kernels.append((self.sequence_kernel, seq, "sequence"))
+        out = np.zeros((len(shards), sum(k.width for k, _, _ in kernels)), dtype=np.float32)
+        col = 0
+        for kernel, mine, what in kernels:
+            picked = [s for s, m in zip(shards, mine) if m]
+            _check_bytes(picked, kernel.bytes_per_element_trained, what)
+            if picked:
+                out[mine, col : col + kernel.width] = kernel.embed(picked)
+            col += kernel.width
+        return out
 
     def device_cost(self, pooled: np.ndarray) -> np.ndarray:
-        """(forward, backward) ms of devices from pooled ``embed_shards`` rows.
-
-        A device fusing n shards, more than the ``max_tables_per_kernel`` K the model was
-        trained on, is priced as n / K kernels of K average shards: linear in its work
-        beyond the trained range, rather than the net's unbounded extrapolation of a sum it
-        never saw (``kernel_size_warning`` says when that happens)."""
+        """(forward, backward) ms [N, 2] of devices from pooled ``embed_shards`` rows: the
+        sum of the device's pooled kernel and its sequence kernel, each 0 without shards and
+        stretched linearly beyond its trained kernel size (``KernelNet.cost``)."""
         # numpy: the search calls this with small batches thousands of times
-        count = pooled[:, -1:]
-        trained = self.meta.get("max_tables_per_kernel")
-        stretch = np.maximum(count / trained, 1.0) if trained else np.ones_like(count)
-        return np.exp(_numpy_mlp(self._head, pooled[:, :-1] / stretch)) * stretch * self.batch_scale
+        p = self.pooled_kernel.width
+        cost = self.pooled_kernel.cost(pooled[:, :p])
+        if self.sequence_kernel is not None:
+            cost = cost + self.sequence_kernel.cost(pooled[:, p:])
+        return cost * self.batch_scale
 
     def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         if self.comm is None:
@@ -272,9 +346,9 @@ class NeuralCostModel(CostModel):
         return self.comm.comm_cost_array(dims, skews_ms)
 
     def save(self, path: str | Path) -> None:
-        """Write the model file: the compute net, the neural comm net if there is one (an
-        alpha-beta comm is rebuilt from the topology, never saved), their constructor args
-        and normalisers, and ``meta``."""
+        """Write the model file: the compute net, the sequence net and the neural comm net
+        where there are (an alpha-beta comm is rebuilt from the topology, never saved),
+        their constructor args and normalisers, and ``meta``."""
         neural = self.comm if isinstance(self.comm, NeuralComm) else None
         blob = {
             "format": MODEL_FORMAT,
@@ -286,6 +360,9 @@ class NeuralCostModel(CostModel):
             "compute_norm": self.compute_norm.state(),
             "meta": self.meta,
         }
+        if self.sequence_kernel is not None:
+            blob["sequence_state"] = self.sequence_kernel.net.state_dict()
+            blob["sequence_norm"] = self.sequence_kernel.norm.state()
         if neural is not None:
             blob["comm_state"] = neural.net.state_dict()
             blob["comm_norm"] = neural.norm.state()
@@ -329,11 +406,28 @@ class NeuralCostModel(CostModel):
                 net = CommNet(**meta["comm_config"])
                 net.load_state_dict(blob["comm_state"])
                 comm = NeuralComm(net, Normalizer.from_state(blob["comm_norm"]), int(meta["batch_size"]))
-            model = NeuralCostModel(compute, Normalizer.from_state(blob["compute_norm"]), comm, meta)
+            sequence = None
+            if "sequence_state" in blob:
+                seq_net = ComputeNet(**meta["sequence"]["compute_config"])
+                seq_net.load_state_dict(blob["sequence_state"])
+                sequence = (seq_net, Normalizer.from_state(blob["sequence_norm"]))
+            model = NeuralCostModel(compute, Normalizer.from_state(blob["compute_norm"]), comm, meta, sequence=sequence)
             Hardware.from_record(meta["hardware"])  # a file without a valid hardware record is corrupt
             return model
         except (KeyError, RuntimeError, TypeError, ValueError) as e:
             raise ShardingError(f"{path}: cost model file is incomplete or corrupt: {e}") from e
+
+
+def _check_bytes(shards: Sequence[Shard], seen: Sequence[int], kernel: str) -> None:
+    """Refuse a shard whose weight bytes the ``kernel`` net never saw, naming the fix."""
+    unseen = next((s.table for s in shards if s.table.bytes_per_element not in seen), None)
+    if unseen is not None:
+        flags = "--precision fp16" + (" --pooling none" if kernel == "sequence" else "")
+        raise ShardingError(
+            f"table {unseen.name!r} has {unseen.bytes_per_element}-byte weights, but the cost model's {kernel} "
+            f"kernel was trained on {list(seen)}-byte weights only: collect such kernels (`neuroshard collect "
+            f"compute {flags}`) and pretrain, or plan this model with TorchRec's planner"
+        )
 
 
 def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -46,7 +46,12 @@ def _shard_spec(option: ShardingOption, rows: int, width: int, batch: int, pooli
     pf = float(sum(option.input_lengths)) * pooling_scale
     width = max(WIDTH_ALIGNMENT, -(-width // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT)
     hist = access_hists.get(option.name) or uniform_access_histogram(rows, pf * batch)
-    return Shard(TableSpec(option.name, rows, width, pf, tuple(hist)), width)
+    # the option's weight dtype and kernel kind (an EmbeddingCollection's options are unpooled)
+    spec = TableSpec(
+        option.name, rows, width, pf, tuple(hist), bytes_per_element=option.tensor.element_size(),
+        pooled=option.is_pooled is not False,
+    )
+    return Shard(spec, width)
 
 
 def _option_shards(option: ShardingOption, world: int, batch: int, access_hists: Mapping[str, tuple[float, ...]]) -> list[Shard]:

@@ -9,6 +9,7 @@ and NeuroShard's search. Its plans go straight into ``DistributedModelParallel``
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from dataclasses import replace
 from typing import Mapping, Sequence
@@ -19,14 +20,14 @@ from torch import nn
 from torchrec.distributed.planner.constants import BATCH_SIZE
 from torchrec.distributed.planner.planners import validate_modules_inclusion_in_sharding_plan
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, StorageReservation, Topology
+from torchrec.distributed.planner.types import ParameterConstraints, PlanDebugStats, StorageReservation, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, cost_model_for, kernel_size_warning
 from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
-from torchrec_neuroshard.stats import format_plan_stats
+from torchrec_neuroshard.stats import format_plan_stats, stats_list, torchrec_sharding_options
 from torchrec_neuroshard.tables import module_tables
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TableChoices, Task
@@ -70,8 +71,11 @@ class NeuroShardPlanner(ShardingPlanner):
         debug: log the plan table (per rank: memory, predicted perf and its parts,
             shards) on TorchRec's planner-stats logger, where TorchRec's own planner logs
             its table, so the same logging set-up shows both; off: logged at DEBUG.
-        stats: TorchRec ``Stats`` objects read TorchRec's sharding options, which this
-            planner does not build: only None is accepted (the table comes with ``debug``).
+        stats: a TorchRec ``Stats`` (e.g. ``EmbeddingStats()``) or a list of them, as
+            ``EmbeddingShardingPlanner`` takes it; default none (NeuroShard's own table comes
+            with ``debug``). After each plan every one is called with TorchRec's arguments
+            and our plan as TorchRec ``ShardingOption``s (``stats.torchrec_sharding_options``:
+            our shards and ranks, TorchRec's storage estimate of them, our predicted perf).
         access_hists: measured access histograms by table (``profile_batches``).
 
     After ``plan``: ``plan_`` (our ``Plan``), ``task_`` (the searched tables as a ``Task``
@@ -99,16 +103,13 @@ class NeuroShardPlanner(ShardingPlanner):
         self.access_hists = access_hists
         self.debug = debug
         self.stats = stats
+        self._stats = stats_list(stats)
 
     # ------------------------------------------------------------------ public API
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """Plan every module of ``module`` that one of ``sharders`` shards (single process)."""
-        if self.stats is not None:
-            raise ShardingError(
-                f"stats={self.stats!r}: TorchRec Stats objects read TorchRec's sharding options, which "
-                "NeuroShardPlanner does not build; pass debug=True for its plan table instead"
-            )
+        start = time.perf_counter()
         world = self.topology.world_size
         tables = module_tables(
             module, self._global_batch(), self.constraints, self.access_hists, sharders, self.topology.compute_device
@@ -137,6 +138,8 @@ class NeuroShardPlanner(ShardingPlanner):
         sharding_plan = to_torchrec(self.plan_, tables, self.topology.compute_device, self.topology.local_world_size)
         # TorchRec's own check: no module a sharder shards may be missing from the plan
         validate_modules_inclusion_in_sharding_plan(sharding_plan, module, list(sharders))
+        if self._stats:
+            self._log_stats(module, sharders, sharding_plan, time.perf_counter() - start)
         return sharding_plan
 
     def collective_plan(
@@ -171,6 +174,34 @@ class NeuroShardPlanner(ShardingPlanner):
 
     # ------------------------------------------------------------------ helpers
 
+    def _log_stats(
+        self, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]], sharding_plan: ShardingPlan, seconds: float
+    ) -> None:
+        """Call every TorchRec ``Stats`` as ``EmbeddingShardingPlanner`` does, with our plan."""
+        result = self.search_result_
+        batch = self._global_batch() // self.topology.world_size
+        options, enumerator = torchrec_sharding_options(
+            self.plan_, module, sharders, self.topology, batch, self.constraints,
+            [t.name for t in self.task_.tables] if self.task_ is not None else [],
+            result.devices if result is not None else (),
+        )  # fmt: skip
+        for stats in self._stats:
+            stats.log(
+                sharding_plan=sharding_plan,
+                topology=self.topology,
+                batch_size=batch,
+                storage_reservation=self._reserved_by,
+                num_proposals=result.states_evaluated if result is not None else 0,
+                num_plans=1,
+                run_time=seconds,
+                best_plan=options,
+                constraints=dict(self.constraints) if self.constraints else None,
+                enumerator=enumerator,
+                sharders=list(sharders),
+                debug=self.debug,
+                debug_stats=PlanDebugStats(planner_type=type(self).__name__, timeout_seconds=None),
+            )
+
     def _search(self, decided: Triage) -> SearchResult:
         """Place the searched tables; a split table whose constraints allow only
         table_column_wise is labelled so."""
@@ -183,12 +214,6 @@ class NeuroShardPlanner(ShardingPlanner):
             for t in decided.searched
         }
         model = self._cost_model()
-        sequence = sorted(t.spec.name for t in decided.searched if not t.pooled)
-        if sequence:
-            logger.warning(
-                "tables %s are sequence (EmbeddingCollection) tables: kept whole and priced with the pooled "
-                "kernel's model (no sequence-kernel model is shipped yet)", sequence,
-            )
         result = search(task, model, self.search_config, choices)
         crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
         if crowded:
@@ -215,16 +240,21 @@ class NeuroShardPlanner(ShardingPlanner):
             )
         return model
 
+    def _reservation(self) -> StorageReservation:
+        """``storage_reservation`` as a TorchRec ``StorageReservation``."""
+        reservation = self.storage_reservation
+        if isinstance(reservation, StorageReservation):
+            return reservation
+        if isinstance(reservation, bool) or not isinstance(reservation, (int, float)) or not 0 <= reservation < 1:
+            raise ShardingError(
+                f"storage_reservation={reservation!r}: give a fraction in [0, 1) or a TorchRec StorageReservation"
+            )
+        return FixedPercentageStorageReservation(float(reservation))
+
     def _memory_cap(self, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> int:
         """The smallest rank's memory (hbm on cuda, ddr on cpu) after the storage reservation."""
-        reservation = self.storage_reservation
-        if not isinstance(reservation, StorageReservation):
-            if isinstance(reservation, bool) or not isinstance(reservation, (int, float)) or not 0 <= reservation < 1:
-                raise ShardingError(
-                    f"storage_reservation={reservation!r}: give a fraction in [0, 1) or a TorchRec StorageReservation"
-                )
-            reservation = FixedPercentageStorageReservation(float(reservation))
-        reserved = reservation.reserve(
+        self._reserved_by = self._reservation()  # TorchRec's Stats read what it reserved
+        reserved = self._reserved_by.reserve(
             self.topology, self._global_batch() // self.topology.world_size, module, list(sharders), self.constraints
         )
         field = "hbm" if self.topology.compute_device == "cuda" else "ddr"

@@ -8,7 +8,7 @@ from torch import nn
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-from torchrec_neuroshard.tables import ModuleTable, module_tables
+from torchrec_neuroshard.tables import ModuleTable, module_shapes
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement, WIDTH_ALIGNMENT
 
 FUSED = "fused"
@@ -37,25 +37,32 @@ def to_torchrec(
     one block of rows per device; data-parallel tables the dense kernel, replicated.
 
     Args:
-        module: the model, or its tables as ``module_tables`` read them.
+        module: the model (its tables read by ``tables.module_shapes``), or its tables as
+            ``module_tables`` read them.
         device_type: "cpu" (gloo) or "cuda" (NCCL).
         local_size: ranks per host (cuda device indices, the host of table_row_wise and
             table_column_wise); default all ranks on one host.
     """
     local_size = local_size or plan.num_devices
-    tables = module_tables(module, batch_size=1) if isinstance(module, nn.Module) else module
+    shapes = module_shapes(module) if isinstance(module, nn.Module) else [t.shape for t in module]
     placements = {p.table: p for p in plan.placements}
     module_plans: dict[str, EmbeddingModuleShardingPlan] = {}
     seen: set[str] = set()
-    for t in tables:
-        name = t.spec.name
+    for t in shapes:
+        name = t.name
         if name not in placements:
             raise ShardingError(
                 f"table {name!r} (module at {t.path!r}) is not in the plan; plan it with the same module you shard"
             )
         seen.add(name)
         module_plan = module_plans.setdefault(t.path, EmbeddingModuleShardingPlan())
-        module_plan[name] = _parameter_sharding(placements[name], t.spec.rows, t.spec.dim, device_type, local_size)
+        p = placements[name]
+        if not t.pooled and p.kind.splits_columns and len(set(p.widths)) > 1:
+            raise ShardingError(
+                f"table {name!r} (module {t.path!r}) is a sequence (EmbeddingCollection) table cut into unequal "
+                f"column shards {list(p.widths)}; TorchRec's sequence all-to-all needs equal widths: cut it evenly"
+            )
+        module_plan[name] = _parameter_sharding(p, t.rows, t.dim, device_type, local_size)
     extra = sorted(set(placements) - seen)
     if extra:
         raise ShardingError(f"the plan names tables the module does not have: {extra}")

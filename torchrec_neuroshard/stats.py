@@ -1,10 +1,19 @@
-"""The per-rank summary a planner logs, in the spirit of TorchRec's EmbeddingStats."""
+"""The per-rank summary a planner logs, in the spirit of TorchRec's EmbeddingStats, and the
+``ShardingOption``s that TorchRec's own ``Stats`` read, built for our plan."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping, Sequence
 
-from torchrec_neuroshard.types import DeviceCost, Plan, TableSpec
+from torch import nn
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Stats, Topology
+from torchrec.distributed.types import ModuleSharder
+
+from torchrec_neuroshard.sharding import DENSE, FUSED
+from torchrec_neuroshard.types import DeviceCost, Plan, ShardingError, ShardingKind, TableSpec
 
 
 def format_plan_stats(
@@ -48,3 +57,86 @@ def format_plan_stats(
     for table, why in fallbacks.items():
         lines.append(f"fallback: {table}: {why}")
     return "\n".join(lines)
+
+
+def torchrec_sharding_options(
+    plan: Plan,
+    module: nn.Module,
+    sharders: Sequence[ModuleSharder[nn.Module]],
+    topology: Topology,
+    batch_size: int,
+    constraints: Mapping[str, ParameterConstraints] | None,
+    priced: Sequence[str],
+    devices: Sequence[DeviceCost],
+) -> tuple[list[ShardingOption], EmbeddingEnumerator]:
+    """TorchRec's ``ShardingOption`` of every table of ``plan`` as TorchRec's ``Stats``
+    read them (and the enumerator that made them): our sharding type, the fused kernel (the
+    dense one for data parallel), our shards with their sizes, offsets and ranks, TorchRec's
+    storage estimate of those shards, and our predicted perf: each device's ``devices``
+    cost shared evenly by the column shards of the ``priced`` (searched) tables on it; the
+    other shards, which the cost model does not price, get perf 0.
+
+    ``batch_size`` is the per-rank batch, as TorchRec's planner takes it.
+    """
+    from torchrec.distributed.planner.types import Perf, Shard as TorchRecShard
+    from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
+
+    kinds = plan.kinds()
+    cons = {
+        name: replace(
+            (constraints or {}).get(name) or ParameterConstraints(),
+            sharding_types=[kind.value],
+            compute_kernels=[DENSE if kind is ShardingKind.DATA_PARALLEL else FUSED],
+        )
+        for name, kind in kinds.items()
+    }
+    enumerator = EmbeddingEnumerator(topology, batch_size, cons, estimator=EmbeddingStorageEstimator(topology, cons))
+    chosen = {}
+    for option in enumerator.enumerate(module, list(sharders)):
+        if option.name in kinds and option.sharding_type == kinds[option.name].value:
+            chosen.setdefault(option.name, option)
+    missing = sorted(set(kinds) - set(chosen))
+    if missing:
+        raise ShardingError(f"TorchRec's enumerator offers no option for the planned sharding of tables {missing}")
+    priced_set = set(priced)
+    on_device = [0] * plan.num_devices  # priced column shards per device
+    for p in plan.placements:
+        if p.table in priced_set and p.kind.splits_columns:
+            for d in p.devices:
+                on_device[d] += 1
+    zero = Perf(0.0, 0.0, 0.0, 0.0)
+    for p in plan.placements:
+        option = chosen[p.table]
+        rows, dim = option.tensor.shape
+        if p.kind is ShardingKind.DATA_PARALLEL:
+            option.shards = [TorchRecShard([rows, dim], [0, 0], perf=zero, rank=r) for r in range(plan.num_devices)]
+            continue
+        shards = []
+        for i, d in enumerate(p.devices):
+            if p.kind.splits_columns:
+                size, offset = [rows, p.widths[i]], [0, sum(p.widths[:i])]
+            else:
+                size, offset = [p.rows[i], dim], [sum(p.rows[:i]), 0]
+            perf = zero
+            if p.table in priced_set and p.kind.splits_columns and devices:
+                c, n = devices[d], on_device[d]
+                perf = Perf(c.fwd_compute / n, c.fwd_comm / n, c.bwd_compute / n, c.bwd_comm / n)
+            shards.append(TorchRecShard(size, offset, perf=perf, rank=d))
+        option.shards = shards
+    options = [chosen[p.table] for p in plan.placements]
+    sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
+    EmbeddingStorageEstimator(topology, cons).estimate(options, sharder_data)
+    return options, enumerator
+
+
+def stats_list(stats: object) -> list[Stats]:
+    """``stats`` as TorchRec's planner takes it (None, one ``Stats`` or a list of them) as a
+    list; anything else is a ``ShardingError`` naming it."""
+    items = [] if stats is None else stats if isinstance(stats, list) else [stats]
+    bad = [s for s in items if not isinstance(s, Stats)]
+    if bad:
+        raise ShardingError(
+            f"stats={stats!r}: give a TorchRec Stats (torchrec.distributed.planner.types.Stats, e.g. "
+            f"torchrec.distributed.planner.stats.EmbeddingStats()) or a list of them; got {type(bad[0]).__name__}"
+        )
+    return items

@@ -6,7 +6,7 @@ import logging
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -29,26 +29,46 @@ DEFAULT_POOLING_FACTOR = 1.0
 @dataclass(frozen=True)
 class ModuleTable:
     """One table as the model holds it: the path of the module that owns it, its
-    ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, the
-    narrowest column shard it may be cut into, and whether its lookups are pooled (bags of
-    an EmbeddingBagCollection) or not (sequences of an EmbeddingCollection)."""
+    ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, and
+    the narrowest column shard it may be cut into."""
 
     path: str
     spec: TableSpec
     allowed: frozenset[ShardingKind]
     min_width: int
-    pooled: bool = True
 
     def __post_init__(self) -> None:
         if not self.allowed:
             raise ShardingError(f"table {self.spec.name!r} (module {self.path!r}): no sharding kind is allowed")
 
+    @property
+    def pooled(self) -> bool:
+        """Bags of an EmbeddingBagCollection (True) or sequences of an EmbeddingCollection."""
+        return self.spec.pooled
+
+    @property
+    def shape(self) -> "TableShape":
+        return TableShape(self.path, self.spec.name, self.spec.rows, self.spec.dim, self.spec.pooled)
+
 
 SUPPORTED_DTYPES = {"FP32": 4, "FP16": 2}
 """Weight dtypes a plan can hold, by TorchRec ``DataType`` name, and their bytes: the fused
-training kernel's (fbgemm-gpu trains fp32 and fp16 weights; bf16 fails in 1.6's training
-TBE, int8 and lower are inference-only). Whether the cost model has seen a dtype is
+training kernel's (fbgemm-gpu trains fp32 and fp16 weights; bf16 fails in the training TBE:
+fbgemm-gpu 1.6 on CUDA, "cache_precision bf16 not supported!", fbgemm-gpu-cpu 1.8 on CPU,
+"split_embedding_cpu_forward_2 not implemented for 'BFloat16'"; int8 and lower are
+inference-only). Whether the cost model has seen a dtype is
 checked when it prices it."""
+
+
+def sequence_min_width(dim: int) -> int:
+    """The narrowest column shard of a sequence (EmbeddingCollection) table: half its dim.
+
+    TorchRec's sequence all-to-all needs a column-split EC table's shards to be equally wide
+    (12 + 4 fails under DMP on gloo, 8 + 8 and 4 x 4 run), and the search splits a shard in
+    halves, so one halving is the split that stays even; a dim whose half is not a multiple
+    of ``WIDTH_ALIGNMENT`` stays whole."""
+    half = dim // 2
+    return half if dim % 2 == 0 and half % WIDTH_ALIGNMENT == 0 else dim
 
 
 def shardable_modules(module: nn.Module, sharders: Sequence[ModuleSharder]) -> dict[str, tuple[nn.Module, ModuleSharder]]:
@@ -80,40 +100,32 @@ def _configs(path: str, module: nn.Module) -> tuple[list, bool]:
     )
 
 
-def module_tables(
-    module: nn.Module,
-    batch_size: int,
-    constraints: Mapping[str, ParameterConstraints] | None = None,
-    access_hists: Mapping[str, tuple[float, ...]] | None = None,
-    sharders: Sequence[ModuleSharder] | None = None,
-    compute_device: str = "cpu",
-) -> tuple[ModuleTable, ...]:
-    """One walk of ``module``: every table of every module a sharder shards (EBCs, ECs,
-    feature-processed and managed-collision collections; nested, several, any path), with
-    its constraints read and checked, in module order.
+@dataclass(frozen=True)
+class TableShape:
+    """Where a table lives and its shape: all a TorchRec sharding plan needs of it."""
 
-    Args:
-        batch_size: the GLOBAL batch (per-rank batch x world size): a table-wise shard's
-            kernel sees all of it; used for the default access histogram.
-        constraints: TorchRec ``ParameterConstraints`` by table name. Read here:
-            ``sharding_types``, ``min_partition``, ``pooling_factors`` (summed over the
-            table's features; default ``DEFAULT_POOLING_FACTOR``), ``compute_kernels``.
-        access_hists: measured histograms by table name (``profile_batches``); default the
-            uniform-access histogram for the table's rows and lookups.
-        sharders: decide which modules are planned and with which sharding kinds (each
-            sharder's ``sharding_types(compute_device)``); default TorchRec's defaults.
-    """
+    path: str
+    name: str
+    rows: int
+    dim: int
+    pooled: bool
+
+
+def _walk(
+    module: nn.Module, sharders: Sequence[ModuleSharder] | None, compute_device: str
+) -> Iterator[tuple[str, frozenset[ShardingKind], object, bool, str, nn.Parameter | None]]:
+    """(module path, sharding kinds its sharder offers, embedding config, pooled, dtype name,
+    weight parameter) of every table of every module a sharder shards, in module order: one walk of the
+    configs, with the checks that need no constraints (a module without tables, a sharder
+    offering nothing here, duplicate names, unsupported dtypes)."""
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    constraints = constraints or {}
-    access_hists = access_hists or {}
     modules = shardable_modules(module, get_default_sharders() if sharders is None else sharders)
     if not modules and not any(hasattr(m, "embedding_bag_configs") or hasattr(m, "embedding_configs") for m in module.modules()):
         raise ShardingError(
             f"{type(module).__name__} contains no torchrec EmbeddingBagCollection or EmbeddingCollection: "
             "there is nothing to shard. Pass the model that owns the embedding tables."
         )
-    found: list[ModuleTable] = []
     seen: dict[str, str] = {}
     for path, (owner, sharder) in modules.items():
         offered = _kinds(sharder.sharding_types(compute_device), f"the {type(sharder).__name__}")
@@ -139,40 +151,82 @@ def module_tables(
                     f"{sorted(SUPPORTED_DTYPES)} (the fused training kernel's dtypes): use one of those, or "
                     "plan this model with TorchRec's planner"
                 )
-            c = constraints.get(config.name)
-            pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
-            hist = access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
-            spec = TableSpec(
-                name=config.name,
-                rows=config.num_embeddings,
-                dim=config.embedding_dim,
-                pooling_factor=pf,
-                access_hist=tuple(hist),
-                bytes_per_element=SUPPORTED_DTYPES[dtype],
-                feature_names=tuple(config.feature_names),
-                optimizer_multiplier=_optimizer_multiplier(weights.get(config.name)),
+            yield path, offered, config, pooled, dtype, weights.get(config.name)
+
+
+def module_shapes(
+    module: nn.Module, sharders: Sequence[ModuleSharder] | None = None, compute_device: str = "cpu"
+) -> tuple[TableShape, ...]:
+    """Path and shape of every table ``module_tables`` reads, without its constraints or
+    access histograms (what ``sharding.to_torchrec`` needs, at a fraction of the cost)."""
+    return tuple(
+        TableShape(path, c.name, c.num_embeddings, c.embedding_dim, pooled)
+        for path, _, c, pooled, _, _ in _walk(module, sharders, compute_device)
+    )
+
+
+def module_tables(
+    module: nn.Module,
+    batch_size: int,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+    access_hists: Mapping[str, tuple[float, ...]] | None = None,
+    sharders: Sequence[ModuleSharder] | None = None,
+    compute_device: str = "cpu",
+) -> tuple[ModuleTable, ...]:
+    """One walk of ``module``: every table of every module a sharder shards (EBCs, ECs,
+    feature-processed and managed-collision collections; nested, several, any path), with
+    its constraints read and checked, in module order.
+
+    Args:
+        batch_size: the GLOBAL batch (per-rank batch x world size): a table-wise shard's
+            kernel sees all of it; used for the default access histogram.
+        constraints: TorchRec ``ParameterConstraints`` by table name. Read here:
+            ``sharding_types``, ``min_partition``, ``pooling_factors`` (summed over the
+            table's features; default ``DEFAULT_POOLING_FACTOR``), ``compute_kernels``.
+        access_hists: measured histograms by table name (``profile_batches``); default the
+            uniform-access histogram for the table's rows and lookups.
+        sharders: decide which modules are planned and with which sharding kinds (each
+            sharder's ``sharding_types(compute_device)``); default TorchRec's defaults.
+    """
+    constraints = constraints or {}
+    access_hists = access_hists or {}
+    found: list[ModuleTable] = []
+    seen: set[str] = set()
+    for path, offered, config, pooled, dtype, weight in _walk(module, sharders, compute_device):
+        seen.add(config.name)
+        c = constraints.get(config.name)
+        pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
+        hist = access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
+        spec = TableSpec(
+            name=config.name,
+            rows=config.num_embeddings,
+            dim=config.embedding_dim,
+            pooling_factor=pf,
+            access_hist=tuple(hist),
+            bytes_per_element=SUPPORTED_DTYPES[dtype],
+            feature_names=tuple(config.feature_names),
+            pooled=pooled,
+            optimizer_multiplier=_optimizer_multiplier(weight),
+        )
+        allowed = offered
+        min_width = WIDTH_ALIGNMENT if pooled else sequence_min_width(spec.dim)
+        if c is not None:
+            _check_kernels(config.name, c)
+            if c.sharding_types:
+                allowed = allowed & _kinds(c.sharding_types, f"table {config.name!r}")
+            if c.min_partition is not None:
+                if c.min_partition <= 0 or c.min_partition % WIDTH_ALIGNMENT:
+                    raise ShardingError(
+                        f"table {config.name!r}: min_partition {c.min_partition} must be a "
+                        f"positive multiple of {WIDTH_ALIGNMENT}"
+                    )
+                min_width = max(min_width, int(c.min_partition))
+        if not allowed:
+            raise ShardingError(
+                f"table {config.name!r}: its constraints allow {list(c.sharding_types)} but the "
+                f"sharder of module {path!r} offers {sorted(k.value for k in offered)}; allow one of those"
             )
-            allowed = offered
-            # sequence tables are kept whole: column splits of an EmbeddingCollection are
-            # not something this planner has run under DMP
-            min_width = WIDTH_ALIGNMENT if pooled else spec.dim
-            if c is not None:
-                _check_kernels(config.name, c)
-                if c.sharding_types:
-                    allowed = allowed & _kinds(c.sharding_types, f"table {config.name!r}")
-                if c.min_partition is not None:
-                    if c.min_partition <= 0 or c.min_partition % WIDTH_ALIGNMENT:
-                        raise ShardingError(
-                            f"table {config.name!r}: min_partition {c.min_partition} must be a "
-                            f"positive multiple of {WIDTH_ALIGNMENT}"
-                        )
-                    min_width = max(min_width, int(c.min_partition))
-            if not allowed:
-                raise ShardingError(
-                    f"table {config.name!r}: its constraints allow {list(c.sharding_types)} but the "
-                    f"sharder of module {path!r} offers {sorted(k.value for k in offered)}; allow one of those"
-                )
-            found.append(ModuleTable(path, spec, allowed, min_width, pooled))
+        found.append(ModuleTable(path, spec, allowed, min_width))
     for name in sorted(set(constraints) - set(seen)):
         logger.warning("constraints name table %r, which the module does not have", name)
     return tuple(found)

@@ -77,6 +77,8 @@ class TableSpec:
             batch size it was measured at (``Task.batch_size``).
         bytes_per_element: 4 for fp32 weights, 2 for fp16.
         feature_names: the KJT feature keys that look this table up.
+        pooled: True for bags pooled per sample (an EmbeddingBagCollection's table, TorchRec's
+            pooled kernel), False for sequences (an EmbeddingCollection's, the unpooled kernel).
         optimizer_multiplier: optimizer state bytes per weight byte, as TorchRec's storage
             estimator counts it (0 for SGD and fused optimizers it cannot see, 2 for Adam,
             1 / dim for row-wise Adagrad, 1 otherwise).
@@ -89,11 +91,18 @@ class TableSpec:
     access_hist: tuple[float, ...]
     bytes_per_element: int = 4
     feature_names: tuple[str, ...] = ()
+    pooled: bool = True
     optimizer_multiplier: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ShardingError("a table has an empty name")
+        if not isinstance(self.pooled, (bool, np.bool_)):
+            raise ShardingError(
+                f"table {self.name!r}: pooled must be true (bags, EmbeddingBagCollection) or false "
+                f"(sequences, EmbeddingCollection), got {self.pooled!r}"
+            )
+        object.__setattr__(self, "pooled", bool(self.pooled))
         for field in ("rows", "dim", "bytes_per_element"):
             object.__setattr__(self, field, _whole_number(getattr(self, field), f"table {self.name!r}: {field}"))
         if self.rows <= 0:
@@ -159,6 +168,7 @@ class TableSpec:
             access_hist=_field(d, "access_hist", what),
             bytes_per_element=d.get("bytes_per_element", 4),
             feature_names=tuple(d.get("feature_names", ())),
+            pooled=d.get("pooled", True),
             optimizer_multiplier=d.get("optimizer_multiplier", 0.0),
         )
 
@@ -197,11 +207,12 @@ class Shard:
         if kind.splits_rows:
             indices /= world_size
         bags = min(1.0, t.pooling_factor) * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
+        outputs = bags if t.pooled else indices  # a sequence kernel outputs every lookup
         return (
             weights
             + math.ceil(weights * t.optimizer_multiplier)
             + math.ceil(indices * INPUT_INDEX_BYTES)
-            + math.ceil(bags * self.width * t.bytes_per_element)
+            + math.ceil(outputs * self.width * t.bytes_per_element)
         )
 
 

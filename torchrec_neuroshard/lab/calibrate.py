@@ -113,7 +113,8 @@ def fine_tune(
     """``base`` fine-tuned on the measured ``rows`` of one machine (compute, and comm if
     present): a copy of each net trained from the base's weights with the base's feature
     normalisation, early-stopped on ``HOLDOUT`` of the rows. A comm part the base lacks
-    (a GPU model's alpha-beta stand-in) is trained from scratch on the comm rows.
+    (a GPU model's alpha-beta stand-in) is trained from scratch on the comm rows; the
+    base's sequence-kernel net is kept as it is (calibration measures pooled kernels).
     ``meta["calibration"]`` records the base, the sample counts, the time, and the held-out
     error before and after."""
     t0 = time.perf_counter()
@@ -173,4 +174,4 @@ def fine_tune(
     record["seconds"] = round(time.perf_counter() - t0, 1)
     meta["train_seconds"] = record["seconds"]
     meta["calibration"] = record
-    return NeuralCostModel(net, norm, comm, meta)
+    return NeuralCostModel(net, norm, comm, meta, sequence=base.sequence)

@@ -97,21 +97,27 @@ class CommData:
 Data = Union[ComputeData, CommData]
 
 
-def load_compute_data(rows: Sequence[dict]) -> ComputeData:
+POOLING_MODES = {True: "sum", False: "none"}
+"""A compute row's ``pooling_mode`` for the pooled (EBC) and the unpooled (EC) kernel."""
+
+
+def kernel_rows(rows: Sequence[dict], pooled: bool = True) -> list[dict]:
+    """The compute rows of one kernel kind: pooled bags, or unpooled sequences."""
+    return [r for r in iter_kind(rows, "compute") if r.get("pooling_mode", "sum") == POOLING_MODES[pooled]]
+
+
+def load_compute_data(rows: Sequence[dict], pooled: bool = True) -> ComputeData:
+    """The compute samples of ``rows`` of one kernel kind (``kernel_rows``)."""
     feats, sample, y, group = [], [], [], []
-    for i, r in enumerate(iter_kind(rows, "compute")):
-        if r.get("pooling_mode", "sum") != "sum":
-            raise ShardingError(
-                f"compute sample {r['group']} is an unpooled (sequence) kernel; this model version "
-                "learns pooled kernels only: leave sequence data out of `neuroshard pretrain`"
-            )
+    for r in kernel_rows(rows, pooled):
         shards = [shard_from_record(s) for s in r["shards"]]
         feats.append(shard_features(shards))
         sample += [len(y)] * len(shards)
         y.append([r["fwd_ms"], r["bwd_ms"]])
         group.append(r["group"])
     if not y:
-        raise ShardingError("no compute samples in the data; run `neuroshard collect compute` first")
+        flag = "" if pooled else " --pooling none"
+        raise ShardingError(f"no {'pooled' if pooled else 'sequence'} compute samples in the data; run `neuroshard collect compute{flag}` first")
     return ComputeData(torch.cat(feats), torch.tensor(sample), torch.tensor(y, dtype=torch.float32), np.asarray(group))
 
 
@@ -296,9 +302,10 @@ def pretrain(
     progress: bool = True,
     hardware: dict | None = None,
 ) -> NeuralCostModel:
-    """Train the compute model, and the comm model if ``rows`` hold comm samples, on
-    measured rows; the model's meta holds the hardware, the nets' constructor args and the
-    test metrics.
+    """Train the compute model, the sequence-kernel compute model if ``rows`` hold unpooled
+    compute samples (``pooling_mode: none``), and the comm model if they hold comm samples,
+    on measured rows; the model's meta holds the hardware, the nets' constructor args and
+    the test metrics (``test.compute``, ``test.sequence_compute``, ``test.comm``).
 
     ``exclude_world_sizes`` drops those world sizes from training and validation (their
     test samples are still scored: the unseen-world-size check). ``hardware`` overrides
@@ -306,21 +313,30 @@ def pretrain(
     did not record).
     """
     t0 = time.perf_counter()
-    cdata = load_compute_data(rows)
-    tr, va, compute_test = _pretraining_split(cdata.group, seed, "compute")
-    cnet, cnorm, clog = train_compute(cdata.subset(tr), cdata.subset(va), epochs, seed, progress=progress)
-    compute_rows = list(iter_kind(rows, "compute"))
+    compute_rows = kernel_rows(rows, pooled=True)
+    cnet, cnorm, kernel_meta, test = _train_kernel(rows, True, epochs, seed, progress)
     meta = {
         "hardware": {**compute_rows[0]["hardware"], **(hardware or {})},
         "batch_size": compute_rows[0]["batch_size"],
-        "max_tables_per_kernel": max(len(r["shards"]) for r in compute_rows),
-        "bytes_per_element_trained": sorted({int(sh.get("bytes_per_element", 4)) for r in compute_rows for sh in r["shards"]}),
+        **kernel_meta,
         "world_sizes_trained": [],
-        "compute_config": cnet.config,
         "seed": seed,
-        "compute_train": {k: v for k, v in clog.items() if k != "history"},
-        "test": {"compute": compute_metrics(cnet, cnorm, cdata.subset(compute_test))},
+        "test": {"compute": test},
     }
+    sequence = None
+    if kernel_rows(rows, pooled=False):
+        batches = {r["batch_size"] for r in iter_kind(rows, "compute")}
+        if len(batches) > 1:
+            raise ShardingError(
+                f"the pooled and sequence compute samples were measured at batch sizes {sorted(batches)}; "
+                "one model predicts at one batch size: collect both at the same scale"
+            )
+        # started from the pooled net's weights and normaliser (same features, related work):
+        # sequence samples are few and slow to measure
+        snet, snorm, meta["sequence"], meta["test"]["sequence_compute"] = _train_kernel(
+            rows, False, epochs, seed, progress, start=(cnet, cnorm)
+        )
+        sequence = (snet, snorm)
     comm = None
     comm_rows = list(iter_kind(rows, "comm"))
     if comm_rows:  # a compute-only model (one GPU cannot measure all-to-alls) gets its comm at planning
@@ -352,7 +368,26 @@ def pretrain(
                 "check the data for non-finite or zero times, and pre-train on more samples"
             )
     meta["train_seconds"] = round(time.perf_counter() - t0, 1)
-    return NeuralCostModel(cnet, cnorm, comm, meta)
+    return NeuralCostModel(cnet, cnorm, comm, meta, sequence=sequence)
+
+
+def _train_kernel(
+    rows: Sequence[dict], pooled: bool, epochs: int, seed: int, progress: bool, start: tuple[ComputeNet, Normalizer] | None = None
+) -> tuple[ComputeNet, Normalizer, dict, dict]:
+    """The compute net of one kernel kind trained on its rows (split 80/10/10 by group),
+    from ``start``'s weights and normaliser when given: (net, normaliser, what the model's
+    meta records of it, its test metrics)."""
+    data = load_compute_data(rows, pooled)
+    tr, va, te = _pretraining_split(data.group, seed, "compute")
+    net, norm, log = train_compute(data.subset(tr), data.subset(va), epochs, seed, progress=progress, start=start)
+    mine = kernel_rows(rows, pooled)
+    meta = {
+        "max_tables_per_kernel": max(len(r["shards"]) for r in mine),
+        "bytes_per_element_trained": sorted({int(sh.get("bytes_per_element", 4)) for r in mine for sh in r["shards"]}),
+        "compute_config": net.config,
+        "compute_train": {k: v for k, v in log.items() if k != "history"},
+    }
+    return net, norm, meta, compute_metrics(net, norm, data.subset(te))
 
 
 def _metrics(tree: dict, prefix: str = "") -> Iterator[tuple[str, float]]:
