@@ -183,7 +183,7 @@ def collect_step(
 ) -> dict[str, int]:
     """Measure ``num_samples`` samples of every kind in ``kinds`` at every world size (the
     ones already in ``out`` are kept: a re-run resumes). Distributed kinds spawn D ranks
-    (rank 0 writes); "dp" times rank 0's local batch (B / D) in this process on 1 thread.
+    (rank 0 writes); "dp" times rank 0's local batch (B // D) in this process on 1 thread.
     Returns the rows of each kind in ``out`` afterwards."""
     from torchrec_neuroshard.lab.launch import default_device, spawn
 
@@ -196,9 +196,6 @@ def collect_step(
     pool = synthetic_pool()
     bank = PoolLookups(pool, scale)
     hw = hardware(device, 1)
-    for d in world_sizes:
-        if scale.batch_size % d:
-            raise ValueError(f"batch size {scale.batch_size} is not divisible by world size {d}")
     for d in world_sizes:
         distributed = [k for k in kinds if k in DISTRIBUTED_KINDS and _done(path, k, d) < num_samples]
         if distributed:
