@@ -35,18 +35,24 @@ bench: venv
 data: venv
 	mkdir -p runs
 	for D in 2 4 8; do $(BIN)/neuroshard collect comm --world-size $$D --samples 1200 --out runs/cpu_comm.jsonl; done
+	for D in 3 6; do $(BIN)/neuroshard collect comm --world-size $$D --samples 600 --out runs/cpu_comm.jsonl; done
+	$(BIN)/neuroshard collect step --kinds input_dist --samples 80 --out runs/cpu_step.jsonl
+	$(BIN)/neuroshard collect step --kinds all_reduce reduce_scatter all_gather --samples 60 --out runs/cpu_step.jsonl
+	$(BIN)/neuroshard collect step --kinds dp --samples 100 --out runs/cpu_step.jsonl
 	$(BIN)/neuroshard collect compute --samples 10000 --out runs/cpu_compute.jsonl
 	$(BIN)/neuroshard collect compute --precision fp16 --seed 2 --samples 800 --out runs/cpu_compute_fp16.jsonl
 	$(BIN)/neuroshard collect compute --pooling none --seed 3 --samples 800 --out runs/cpu_compute_sequence.jsonl
 	for F in cpu_compute cpu_compute_fp16 cpu_compute_sequence; do gzip -9 -c runs/$$F.jsonl > torchrec_neuroshard/lab/data/$$F.jsonl.gz; done
 	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz
+	gzip -9 -c runs/cpu_step.jsonl > torchrec_neuroshard/lab/data/cpu_step.jsonl.gz
 
 # The shipped models (pooled, fp16 and sequence kernels where measured); the older
 # collections did not record the CPU's name or cores.
 model: venv
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_compute_fp16.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_sequence.jsonl.gz \
-		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz --device-name "AMD EPYC" --cores 2 \
+		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz torchrec_neuroshard/lab/data/cpu_step.jsonl.gz \
+		--device-name "AMD EPYC" --cores 2 \
 		--out torchrec_neuroshard/pretrained/cpu.pt
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/intel_xeon_compute.jsonl.gz \
 		torchrec_neuroshard/lab/data/intel_xeon_comm_d2.jsonl.gz --cores 2 \

@@ -6,8 +6,11 @@ Prints, on the test split the model was trained without (same split function and
 compute fwd+bwd MAPE and Spearman, TorchRec's EmbeddingPerfEstimator on the same shards
 (its fused-kernel fwd+bwd compute summed over a device's tables), comm MAPE per device
 for every world size, comm MAPE on a world size held out of training entirely (a comm
-model re-trained without D=4, tested on all D=4 samples), and the measurement noise floor
-(CV of re-measured samples) when this machine is the model's kind (else the datasheet's).
+model re-trained without D=6, and one without D=3, each tested on all that D's samples),
+the step parts' linear models (``steparts``: input distribution, collectives, the
+data-parallel kernel) on their test split and refitted without D=6 / D=3, and the
+measurement noise floor (CV of re-measured samples) when this machine is the model's kind
+(else the datasheet's); ``--noise-samples 0 --step-noise-samples 0`` skip the re-measuring.
 First it prints the model's hardware beside this machine's. The H200 model (compute only):
 
     python -m benchmarks.costmodel --model torchrec_neuroshard/pretrained/h200.pt \
@@ -26,24 +29,31 @@ from typing import Sequence
 import torch
 
 from torchrec_neuroshard.lab.collect import compute_noise, comm_noise, iter_kind, read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect_step import step_noise
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
 from torchrec_neuroshard.hardware import local_hardware, model_vs_machine
 from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
     compute_metrics,
-    kernel_rows,
+    p.add_argument("--data", nargs="+", default=[str(DATA_DIR / f) for f in CPU_DATA])
+    p.add_argument("--holdout-world-sizes", type=int, nargs="+", default=[6, 3], help="each held out of training in turn")
     load_comm_data,
     load_compute_data,
+    load_step_data,
     mape,
     spearman,
     split_by_group,
     train_comm,
 )
+from torchrec_neuroshard.steparts import PART_FEATURES
 from torchrec_neuroshard.types import TableSpec
 
 DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
-CPU_DATA = ("cpu_compute.jsonl.gz", "cpu_compute_fp16.jsonl.gz", "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz")
+CPU_DATA = (
+    "cpu_compute.jsonl.gz", "cpu_compute_fp16.jsonl.gz", "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz",
+    "cpu_step.jsonl.gz",
+)  # fmt: skip
 """The shipped CPU model's training data (Makefile ``model``)."""
 
 
@@ -84,8 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=PRETRAINED_DIR / "cpu.pt")
     p.add_argument("--data", nargs="+", default=[str(DATA_DIR / f) for f in CPU_DATA])
-    p.add_argument("--holdout-world-size", type=int, default=4)
+    p.add_argument("--holdout-world-sizes", type=int, nargs="+", default=[6, 3], help="each held out of training in turn")
     p.add_argument("--noise-samples", type=int, default=12, help="0 skips the noise measurement")
+    p.add_argument("--step-noise-samples", type=int, default=10, help="step parts re-measured for their noise floor; 0 skips")
+    p.add_argument("--step-noise-world-size", type=int, default=4)
     p.add_argument("--noise-trials", type=int, default=5)
     p.add_argument("--epochs", type=int, default=200, help="for the held-out-world-size comm model")
     p.add_argument("--holdout-seeds", type=int, default=3, help="training seeds for the held-out-world-size model")
@@ -140,7 +152,13 @@ def main(argv: list[str] | None = None) -> None:
     else:
         _comm_tables(args, model, rows, seed)
     here = local_hardware(device)
-    if args.noise_samples and here is not None and mismatch is None:
+    quiet = here is not None and mismatch is None
+    if model.step_parts is None or not any(r.get("kind") in ("input_dist", "dp") for r in rows):
+        print("\nNo step parts in this model or no `collect step` samples in --data: the step parts are not scored.")
+    else:
+        noise = step_noise(args.step_noise_world_size, args.step_noise_samples, args.noise_trials) if quiet and args.step_noise_samples else None
+        _step_tables(args, model, rows, seed, noise)
+    if args.noise_samples and quiet:
         _noise(args)
     elif args.noise_samples:
         print(
@@ -159,19 +177,50 @@ def _comm_tables(args: argparse.Namespace, model: NeuralCostModel, rows: list[di
     for d in sorted(set(mdata.world_size.tolist())):
         m = comm_metrics(model.comm.net, model.comm.norm, mdata.subset(mtest & (mdata.world_size == d)))
         print(f"| {d} | {m['devices']} | {m['mape_total']:.1f} | {m['mape_fwd']:.1f} | {m['mape_bwd']:.1f} | {m['spearman_total']:.3f} |")
-    held = args.holdout_world_size
-    seen = mdata.world_size != held
-    unseen = []
-    for s in range(args.holdout_seeds):
-        net, norm, _ = train_comm(mdata.subset(mtrain & seen), mdata.subset(mval & seen), args.epochs, seed + s, progress=False)
-        unseen.append(comm_metrics(net, norm, mdata.subset(~seen)))
-    avg = {k: statistics.mean(m[k] for m in unseen) for k in ("mape_total", "mape_fwd", "mape_bwd", "spearman_total")}
-    spread = [m["mape_total"] for m in unseen]
-    print(
-        f"| {held}, never seen in training (mean of {len(unseen)} training seeds; fwd+bwd "
-        f"{min(spread):.1f}-{max(spread):.1f}) | {unseen[0]['devices']} | {avg['mape_total']:.1f} | "
-        f"{avg['mape_fwd']:.1f} | {avg['mape_bwd']:.1f} | {avg['spearman_total']:.3f} |"
-    )
+    for held in args.holdout_world_sizes:
+        seen = mdata.world_size != held
+        if seen.all():
+            print(f"| {held}: no samples of this world size in --data | - | - | - | - | - |")
+            continue
+        unseen = []
+        for s in range(args.holdout_seeds):
+            net, norm, _ = train_comm(mdata.subset(mtrain & seen), mdata.subset(mval & seen), args.epochs, seed + s, progress=False)
+            unseen.append(comm_metrics(net, norm, mdata.subset(~seen)))
+        avg = {k: statistics.mean(m[k] for m in unseen) for k in ("mape_total", "mape_fwd", "mape_bwd", "spearman_total")}
+        spread = [m["mape_total"] for m in unseen]
+        print(
+            f"| {held}, never seen in training (mean of {len(unseen)} training seeds; fwd+bwd "
+            f"{min(spread):.1f}-{max(spread):.1f}) | {unseen[0]['devices']} | {avg['mape_total']:.1f} | "
+            f"{avg['mape_fwd']:.1f} | {avg['mape_bwd']:.1f} | {avg['spearman_total']:.3f} |"
+        )
+
+
+def _step_tables(
+    args: argparse.Namespace, model: NeuralCostModel, rows: list[dict], seed: int, noise: dict[str, list[float]] | None
+) -> None:
+    """Each step part: the model's fit on its test split, the noise floor, and refits
+    without each held-out world size scored on all of that world size's rows."""
+    data = load_step_data(rows)
+    held = [d for d in args.holdout_world_sizes if any((part.world_size == d).any() for part in data.values())]
+    refits = {d: fit_step_parts(data, seed, [d])[1] for d in held}
+    noise_col = f"noise floor, median CV % (D={args.step_noise_world_size})"
+    print("\n## Step parts (linear, per rank; test split)\n")
+    print(f"| part | features | coefficients (ms per feature) | test rows | test MAPE % | {noise_col} | "
+          + " | ".join(f"MAPE % at D={d}, unseen" for d in held) + " |")
+    print("|---|---|---|---|---|---|" + "---|" * len(held))
+    for name, d in data.items():
+        _, _, test = split_by_group(d.group, seed)
+        truth = torch.from_numpy(d.y[test])
+        pred = torch.from_numpy(model.step_parts.predict(name, d.x[test]))
+        floor = f"{100 * statistics.median(noise[name]):.1f}" if noise and name in noise else "-"
+        unseen = " | ".join(f"{refits[h][name][f'world_size_{h}']['mape']:.1f}" for h in held)
+        coef = ", ".join(f"{f} {c:.3g}" for f, c in zip(PART_FEATURES[name], model.step_parts.parts[name].coef))
+        print(f"| {name} | {', '.join(PART_FEATURES[name])} | {coef} | {int(test.sum())} | {mape(pred, truth):.1f} | {floor} | {unseen} |")
+    if noise:
+        print(
+            f"\nNoise floor: {args.step_noise_samples} fixed samples of each part re-measured {args.noise_trials} times, "
+            "interleaved; one CV per (sample, rank) for the collectives and the input distribution."
+        )
 
 
 def _noise(args: argparse.Namespace) -> None:
@@ -180,7 +229,7 @@ def _noise(args: argparse.Namespace) -> None:
     cv = compute_noise(args.noise_samples, args.noise_trials, device)
     print(f"\nNoise floor, compute: median CV {100 * statistics.median(cv):.1f}% "
           f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} samples x {args.noise_trials} re-measurements")
-    for d in (2, args.holdout_world_size):
+    for d in (2, *args.holdout_world_sizes):
         cv = comm_noise(d, args.noise_samples, args.noise_trials)
         print(f"Noise floor, comm D={d}: median CV {100 * statistics.median(cv):.1f}% "
               f"(mean {100 * statistics.mean(cv):.1f}%) over {len(cv)} sample-devices x {args.noise_trials}")

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 CORE = ("types", "access", "tables", "costmodel", "search", "heuristics", "planner", "estimators", "sharding", "stats")
-LAB_WITHOUT_TORCHREC = ("measure_compute", "measure_comm", "collect", "workloads", "pretrain")
+LAB_WITHOUT_TORCHREC = ("measure_compute", "measure_comm", "collect", "collect_step", "workloads", "pretrain")
 
 
 def _run(code: str) -> str:

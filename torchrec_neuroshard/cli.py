@@ -27,6 +27,11 @@ def _collect(args: argparse.Namespace) -> None:
     elif args.what == "comm":
         n = collect.collect_comm(args.out, args.world_size, args.samples, seed=args.seed)
         print(f"{args.out}: {n} comm samples, D={args.world_size} ({time.perf_counter() - t0:.0f} s this run)")
+    elif args.what == "step":
+        from torchrec_neuroshard.lab.collect_step import STEP_KINDS, collect_step
+
+        counts = collect_step(args.out, args.samples, args.world_sizes, args.kinds or STEP_KINDS, seed=args.seed)
+        print(f"{args.out}: {counts} step samples ({time.perf_counter() - t0:.0f} s this run)")
     else:
         cvs = collect.compute_noise(args.samples, args.trials, device, seed=args.seed, num_threads=args.threads)
         print(
@@ -193,10 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("collect", help="measure pre-training samples on this machine")
-    c.add_argument("what", choices=["compute", "comm", "noise"])
+    c.add_argument("what", choices=["compute", "comm", "step", "noise"])
     c.add_argument("--out", default="neuroshard_data.jsonl", help="JSONL file to append to")
     c.add_argument("--samples", type=int, default=1000, help="total samples wanted in --out (noise: samples re-measured)")
     c.add_argument("--world-size", type=int, default=2, help="comm: ranks to spawn")
+    c.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3, 4, 6, 8], help="step: world sizes to measure")
+    c.add_argument(
+        "--kinds", nargs="+", choices=["input_dist", "all_reduce", "reduce_scatter", "all_gather", "dp"],
+        help="step: kinds of samples (default: all); --samples counts each kind at each world size",
+    )  # fmt: skip
     c.add_argument("--trials", type=int, default=8, help="noise: re-measurements per sample")
     c.add_argument("--threads", type=int, default=1, help="CPU: torch threads for compute")
     c.add_argument("--seed", type=int, default=0)

@@ -33,6 +33,7 @@ from torch import nn
 
 from torchrec_neuroshard.comm import AlphaBetaComm, CommModel
 from torchrec_neuroshard.hardware import Hardware, hardware_mismatch, local_hardware
+from torchrec_neuroshard.steparts import StepParts
 from torchrec_neuroshard.types import CostModel, NUM_ACCESS_BINS, Shard, ShardingError
 
 logger = logging.getLogger(__name__)
@@ -279,6 +280,13 @@ class NeuralCostModel(CostModel):
     def hardware(self) -> Hardware:
         """The machine kind the compute samples were measured on."""
         return Hardware.from_record(self.meta["hardware"])
+
+    @property
+    def step_parts(self) -> StepParts | None:
+        """The fitted linear models of the step's other parts (``steparts``), or None for a
+        model pre-trained without `neuroshard collect step` samples."""
+        stored = self.meta.get("step_parts")
+        return StepParts.from_dict(stored) if stored is not None else None
 
     def with_batch_size(self, batch_size: int) -> "NeuralCostModel":
         """The same model with predictions scaled to ``batch_size`` (linear in the batch);

@@ -32,11 +32,17 @@ PART_FEATURES: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("one", "peers", "ring_mb"),
     "all_gather": ("one", "peers", "ring_mb"),
     "dp_fwd": ("one", "lookup_mb", "output_mb"),
-    "dp_bwd": ("one", "lookup_mb", "output_mb", "table_mb"),
+    "dp_bwd": ("one", "lookup_mb", "output_mb", "table_mb", "table_mb_over_knee"),
 }
 """The features of every part, in column order."""
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+DP_UPDATE_KNEE_MB = 32.0
+"""Above this many MB of data-parallel weights, the dense gradient and the update cost about
+3x more per MB (measured on the 2-core AMD EPYC, ``cpu_step.jsonl.gz``: ~0.3 ms/MB below,
+~0.9 above; its L3 is 32 MiB, and glibc serves allocations above 32 MB by fresh mmaps, so
+each step's dense gradient page-faults). ``dp_bwd``'s last feature is the MB beyond it."""
 
 
 def input_dist_features(world_size: int, send_bytes: float, recv_bytes: float) -> list[float]:
@@ -61,14 +67,16 @@ def dp_features(part: str, lookup_elements: float, output_elements: float, table
         lookup_elements: summed over its tables, the local batch's lookups x the table's dim
             (the weight elements read forward, and whose gradients are written backward);
         output_elements: local batch x the summed dims (the pooled output);
-        table_elements: rows x dim summed over its tables (the dense gradient and the update).
+        table_elements: rows x dim summed over its tables (the dense gradient and the update;
+            the MB beyond ``DP_UPDATE_KNEE_MB`` are a feature of their own).
     """
     lookup_mb = lookup_elements * bytes_per_element / MB
     output_mb = output_elements * 4 / MB
     if part == "dp_fwd":
         return [1.0, lookup_mb, output_mb]
     if part == "dp_bwd":
-        return [1.0, lookup_mb, output_mb, table_elements * bytes_per_element / MB]
+        table_mb = table_elements * bytes_per_element / MB
+        return [1.0, lookup_mb, output_mb, table_mb, max(0.0, table_mb - DP_UPDATE_KNEE_MB)]
     raise ValueError(f"unknown data-parallel part {part!r}")
 
 

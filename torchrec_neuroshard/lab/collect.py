@@ -238,6 +238,12 @@ def draw_comm_sample(world_size: int, seed: int, index: int) -> CommSample:
     return CommSample(tuple(dims), tuple(float(s) for s in skews))
 
 
+def divisible_batch(batch_size: int, world_size: int) -> int:
+    """The largest global batch <= ``batch_size`` that ``world_size`` ranks split evenly
+    (4,096 on 3 ranks: 4,095, 1,365 samples each)."""
+    return batch_size - batch_size % world_size
+
+
 def _collect_comm_worker(
     rank: int, world_size: int, out: str, num_samples: int, seed: int, batch_size: int, progress: bool
 ) -> int:
@@ -287,10 +293,11 @@ def collect_comm(
     """Spawn ``world_size`` ranks and append comm samples to ``out`` (rank 0 writes).
 
     One file may hold several world sizes; ``num_samples`` counts this world size's rows.
+    The batch is rounded down to a multiple of the world size (``divisible_batch``).
     """
     from torchrec_neuroshard.lab.launch import default_device, spawn
 
-    batch_size = batch_size or WorkloadScale.for_device(default_device()).batch_size
+    batch_size = divisible_batch(batch_size or WorkloadScale.for_device(default_device()).batch_size, world_size)
     spawn(_collect_comm_worker, world_size, str(out), num_samples, seed, batch_size, progress)
     return num_samples
 
@@ -317,7 +324,7 @@ def comm_noise(world_size: int, num_samples: int, trials: int, seed: int = 0, ba
     times (interleaved), one value per (sample, device)."""
     from torchrec_neuroshard.lab.launch import default_device, spawn
 
-    batch_size = batch_size or WorkloadScale.for_device(default_device()).batch_size
+    batch_size = divisible_batch(batch_size or WorkloadScale.for_device(default_device()).batch_size, world_size)
     return spawn(_comm_noise_worker, world_size, num_samples, trials, seed, batch_size)[0]
 
 

@@ -197,3 +197,42 @@ def measure_step_comm(
     dist.all_gather(everyone, mine)
     rows = torch.stack(everyone).cpu().tolist()
     return StepCommMeasurement(*(tuple(r[k] for r in rows) for k in range(3)))
+
+
+def measure_exchanges(
+    exchanges: Sequence[Exchange], device: torch.device, warmup: int = 2, repeats: int = 5
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Time ``exchanges`` called back to back (after a barrier) on every rank: each rank's
+    (median ms, IQR ms) over ``repeats`` timed calls, gathered to all ranks."""
+    world = dist.get_world_size()
+    clock = Clock(device)
+    times = []
+    for i in range(warmup + repeats):
+        dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = clock.start()
+        for ex in exchanges:
+            ex.run(device)
+        ms = clock.elapsed_ms(t0)
+        if i >= warmup:
+            times.append(ms)
+    t = Timing.of(times)
+    mine = torch.tensor([t.median_ms, t.iqr_ms], dtype=torch.float64, device=device)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
+    rows = torch.stack(everyone).cpu().tolist()
+    return tuple(r[0] for r in rows), tuple(r[1] for r in rows)
+
+
+def exchange_bytes(exchanges: Sequence[Exchange], rank: int) -> tuple[int, int]:
+    """(bytes sent to, bytes received from) the other ranks by ``rank`` over all-to-all
+    ``exchanges``; its own slice stays local and is not counted."""
+    send = recv = 0
+    for ex in exchanges:
+        if ex.op != "all_to_all":
+            raise ValueError(f"exchange_bytes counts all-to-alls only, got {ex.op!r}")
+        size = getattr(torch, ex.dtype).itemsize
+        send += size * sum(c for j, c in enumerate(ex.counts[rank]) if j != rank)
+        recv += size * sum(row[rank] for j, row in enumerate(ex.counts) if j != rank)
+    return send, recv

@@ -35,6 +35,14 @@ from torchrec_neuroshard.costmodel import (
     shard_features,
 )
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
+from torchrec_neuroshard.steparts import (
+    COLLECTIVES,
+    LinearPart,
+    StepParts,
+    collective_features,
+    dp_features,
+    input_dist_features,
+)
 from torchrec_neuroshard.types import ShardingError
 
 TRAIN_THREADS = 1
@@ -132,6 +140,82 @@ def load_comm_data(rows: Sequence[dict]) -> CommData:
     if not y:
         raise ShardingError("no comm samples in the data; run `neuroshard collect comm` first")
     return CommData(torch.cat(feats), torch.tensor(y, dtype=torch.float32), np.asarray(group), np.asarray(world))
+
+
+@dataclass(frozen=True)
+class PartData:
+    """Samples of one step part (``steparts``): features x [N, F], ms y [N], sample group
+    [N] (a rank's row of a distributed sample shares the sample's group), world size [N]."""
+
+    x: np.ndarray
+    y: np.ndarray
+    group: np.ndarray
+    world_size: np.ndarray
+
+    def subset(self, keep: np.ndarray) -> "PartData":
+        return PartData(self.x[keep], self.y[keep], self.group[keep], self.world_size[keep])
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def load_step_data(rows: Sequence[dict]) -> dict[str, PartData]:
+    """The step parts present in ``rows`` (``neuroshard collect step``), features computed
+    from each row's raw quantities by ``steparts``' functions; one row per rank for the
+    distributed kinds, one per sample for "dp" (its forward and backward parts)."""
+    cols: dict[str, tuple[list, list, list, list]] = {}
+
+    def add(part: str, x: list[float], y: float, r: dict) -> None:
+        xs, ys, gs, ws = cols.setdefault(part, ([], [], [], []))
+        xs.append(x)
+        ys.append(y)
+        gs.append(r["world_size"] * 1_000_000 + r["group"])
+        ws.append(r["world_size"])
+
+    for r in rows:
+        kind, d = r.get("kind"), r.get("world_size")
+        if kind == "input_dist":
+            for ms, send, recv in zip(r["ms"], r["send_bytes"], r["recv_bytes"]):
+                add(kind, input_dist_features(d, send, recv), ms, r)
+        elif kind in COLLECTIVES:
+            for ms in r["ms"]:
+                add(kind, collective_features(kind, d, r["nbytes"]), ms, r)
+        elif kind == "dp":
+            widths = [t["width"] for t in r["tables"]]
+            sizes = {t.get("bytes_per_element", 4) for t in r["tables"]}
+            if len(sizes) != 1:
+                raise ShardingError(f"dp sample {r['group']} (D={d}) mixes weight sizes {sorted(sizes)}; one kernel has one")
+            bytes_per_element = sizes.pop()
+            lookup = sum(n * w for n, w in zip(r["lookups"], widths))
+            output = r["local_batch"] * sum(widths)
+            table = sum(t["rows"] * t["width"] for t in r["tables"])
+            for part, field in (("dp_fwd", "fwd_ms"), ("dp_bwd", "bwd_ms")):
+                add(part, dp_features(part, lookup, output, table, bytes_per_element), r[field], r)
+    return {
+        part: PartData(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), np.asarray(g), np.asarray(w))
+        for part, (x, y, g, w) in sorted(cols.items())
+    }
+
+
+def fit_step_parts(
+    data: dict[str, PartData], seed: int, exclude_world_sizes: Sequence[int] = ()
+) -> tuple[StepParts, dict]:
+    """Fit every part on its training split (80%, by sample group, as the nets; world sizes
+    in ``exclude_world_sizes`` left out) and score it: MAPE % on its test split, and on
+    every row of each excluded world size."""
+    parts, metrics = {}, {}
+    for name, d in data.items():
+        train, _, test = split_by_group(d.group, seed)
+        seen = ~np.isin(d.world_size, list(exclude_world_sizes))
+        part = LinearPart.fit(name, d.x[train & seen], d.y[train & seen])
+        parts[name] = part
+        scores = {}
+        for label, mask in [("test", test & seen)] + [(f"world_size_{w}", d.world_size == w) for w in exclude_world_sizes]:
+            if mask.any():
+                pred = torch.from_numpy(part.predict(d.x[mask]))
+                scores[label] = {"rows": int(mask.sum()), "mape": mape(pred, torch.from_numpy(d.y[mask]))}
+        metrics[name] = scores
+    return StepParts(parts), metrics
 
 
 def split_by_group(groups: np.ndarray, seed: int, fractions: tuple[float, float] = (0.8, 0.9)) -> tuple[np.ndarray, ...]:
@@ -304,8 +388,10 @@ def pretrain(
 ) -> NeuralCostModel:
     """Train the compute model, the sequence-kernel compute model if ``rows`` hold unpooled
     compute samples (``pooling_mode: none``), and the comm model if they hold comm samples,
-    on measured rows; the model's meta holds the hardware, the nets' constructor args and
-    the test metrics (``test.compute``, ``test.sequence_compute``, ``test.comm``).
+    on measured rows, and fit the step parts ``rows`` hold samples of (``fit_step_parts``,
+    stored in ``meta["step_parts"]``); the model's meta holds the hardware, the nets'
+    constructor args and the test metrics (``test.compute``, ``test.sequence_compute``,
+    ``test.comm``, ``test.step_parts``).
 
     ``exclude_world_sizes`` drops those world sizes from training and validation (their
     test samples are still scored: the unseen-world-size check). ``hardware`` overrides
@@ -361,6 +447,12 @@ def pretrain(
             comm_train={k: v for k, v in mlog.items() if k != "history"},
         )
         meta["test"]["comm"] = comm_test
+    step = load_step_data(rows)
+    if step:
+        parts, step_test = fit_step_parts(step, seed, exclude_world_sizes)
+        meta["step_parts"] = parts.to_dict()
+        meta["step_parts_world_sizes"] = {n: sorted(set(d.world_size.tolist()) - set(exclude_world_sizes)) for n, d in step.items()}
+        meta["test"]["step_parts"] = step_test
     for name, value in _metrics(meta["test"]):
         if not math.isfinite(value):
             raise ShardingError(

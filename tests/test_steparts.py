@@ -1,0 +1,72 @@
+"""The step parts beyond the sharded kernels: real samples of every kind on 2 gloo ranks,
+resumed collection, the linear fits pre-training stores in the model."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torchrec_neuroshard.costmodel import NeuralCostModel
+from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.collect_step import STEP_KINDS, collect_step
+from torchrec_neuroshard.lab.pretrain import load_step_data, pretrain
+from torchrec_neuroshard.lab.workloads import WorkloadScale
+from torchrec_neuroshard.steparts import PART_FEATURES, LinearPart
+from torchrec_neuroshard.types import ShardingError
+
+SMALL = WorkloadScale(row_divisor=1024, batch_size=512)
+DATA = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+SAMPLES = 13
+"""Per kind: 10 train after the 80/10/10 split, the fewest dp_bwd's 5 coefficients take."""
+
+
+@pytest.fixture(scope="module")
+def step_file(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("step") / "step.jsonl"
+    counts = collect_step(out, SAMPLES, world_sizes=(2,), scale=SMALL, dp_warmup=1, dp_repeats=2, progress=False)
+    assert counts == {k: SAMPLES for k in STEP_KINDS}
+    return out
+
+
+def test_step_samples_record_raw_quantities_and_resume(step_file: Path) -> None:
+    rows = read_rows(step_file)
+    by_kind = {k: [r for r in rows if r["kind"] == k] for k in STEP_KINDS}
+    assert all(len(v) == SAMPLES for v in by_kind.values())
+    for r in rows:
+        assert r["world_size"] == 2 and r["hardware"]["device"] == "cpu"
+        times = r["ms"] if r["kind"] != "dp" else [r["fwd_ms"], r["bwd_ms"]]
+        assert all(t > 0 for t in times)
+    first = by_kind["input_dist"][0]
+    # what rank 0 sends rank 1: 2 int64 splits, int32 lengths, int64 indices
+    assert first["send_bytes"][0] == 2 * 8 + 4 * first["lengths"][0][1] + 8 * first["values"][0][1]
+    assert first["send_bytes"][0] == first["recv_bytes"][1]
+    assert all(r["nbytes"] > 0 and r["max_ms"] == max(r["ms"]) for k in STEP_KINDS[1:4] for r in by_kind[k])
+    assert all(r["local_batch"] == 256 and len(r["lookups"]) == len(r["tables"]) for r in by_kind["dp"])
+    before = step_file.read_text()
+    collect_step(step_file, SAMPLES, world_sizes=(2,), scale=SMALL, progress=False)  # resumes: nothing to add
+    assert step_file.read_text() == before
+
+
+def test_pretrain_fits_every_part_and_the_model_file_keeps_them(step_file: Path, tmp_path: Path) -> None:
+    compute = [r for r in read_rows(DATA / "cpu_compute.jsonl.gz")[:40]]
+    model = pretrain(compute + read_rows(step_file), epochs=1, progress=False)
+    assert set(model.meta["step_parts"]) == set(PART_FEATURES)
+    assert all(m["test"]["mape"] >= 0 for m in model.meta["test"]["step_parts"].values())
+    model.save(tmp_path / "m.pt")
+    parts = NeuralCostModel.load(tmp_path / "m.pt").step_parts
+    assert parts is not None and parts.to_dict() == model.step_parts.to_dict()
+    data = load_step_data(read_rows(step_file))
+    assert np.all(parts.predict("input_dist", data["input_dist"].x) > 0)
+    bare = NeuralCostModel(model.compute_net, model.compute_norm, None, {k: v for k, v in model.meta.items() if k != "step_parts"})
+    assert bare.step_parts is None
+
+
+def test_linear_part_refuses_too_few_or_non_positive_timings() -> None:
+    x = np.ones((8, 3))
+    with pytest.raises(ShardingError, match="need >= 6"):
+        LinearPart.fit("all_reduce", x[:5], np.ones(5))
+    with pytest.raises(ShardingError, match="finite positive"):
+        LinearPart.fit("all_reduce", x, np.r_[np.ones(7), 0.0])
+    with pytest.raises(ShardingError, match="does not match|do not match"):
+        LinearPart.fit("input_dist", x, np.ones(8))
+    assert LinearPart.fit("all_reduce", x, np.full(8, 2.0)).predict(x[:1])[0] == pytest.approx(2.0)
