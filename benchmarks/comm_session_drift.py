@@ -16,10 +16,10 @@ import statistics
 
 import torch
 
-from torchrec_neuroshard.lab.collect import divisible_batch, draw_comm_sample, iter_kind, read_rows
+from torchrec_neuroshard.lab.collect import draw_comm_sample, iter_kind, read_rows
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.measure_comm import measure_comm
-from torchrec_neuroshard.lab.workloads import WorkloadScale
+from torchrec_neuroshard.lab.workloads import WorkloadScale, divisible_batch
 
 
 def _worker(rank: int, world: int, n: int, batch: int) -> list[list[float]]:

@@ -36,8 +36,8 @@ from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
     compute_metrics,
-    p.add_argument("--data", nargs="+", default=[str(DATA_DIR / f) for f in CPU_DATA])
-    p.add_argument("--holdout-world-sizes", type=int, nargs="+", default=[6, 3], help="each held out of training in turn")
+    fit_step_parts,
+    kernel_rows,
     load_comm_data,
     load_compute_data,
     load_step_data,

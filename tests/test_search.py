@@ -92,9 +92,13 @@ def test_memory_cap_forces_a_split_when_splits_are_allowed(model) -> None:
     hist = (1.0,) + (0.0,) * 16
     tables = (TableSpec("big", 100_000, 128, 2.0, hist), TableSpec("small", 1000, 8, 2.0, hist))
     task = Task(tables, 2, memory_cap_bytes=30_000_000, batch_size=4096)
-    result = search(task, model)
+    result = search(task, model)  # every kind allowed: split by rows or by columns
     result.plan.validate(task)
-    assert len(result.plan.placement("big").widths) >= 2
+    big = result.plan.placement("big")
+    assert len(big.widths) >= 2 or len(big.rows) == 2
+    columns = search(task, model, choices={"big": TableChoices(row_wise=False)})
+    columns.plan.validate(task)
+    assert len(columns.plan.placement("big").widths) >= 2
 
 
 def test_replication_is_chosen_by_the_whole_step_and_constraints_still_hold(model) -> None:

@@ -339,7 +339,7 @@ class NeuralCostModel(CostModel):
         # numpy: the search calls this with small batches thousands of times
         p = self.pooled_kernel.width
         cost = self.pooled_kernel.cost(pooled[:, :p])
-        if self.sequence_kernel is not None:
+        if self.sequence_kernel is not None and (pooled[:, -1] > 0).any():  # some device runs the sequence kernel
             cost = cost + self.sequence_kernel.cost(pooled[:, p:])
         return cost * self.batch_scale
 

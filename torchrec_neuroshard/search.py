@@ -478,10 +478,10 @@ def _choose_kinds(
             key=lambda t: (-single[t.name], t.name),
         )
     grid = []
-    for n_rw in sorted({min(k, len(rw)) for k in config.row_wise_grid}):
+    for n_rw in sorted({min(k, len(rw), len(task.tables) - 1) for k in config.row_wise_grid}):  # one table stays sharded
         rows = [TablePlacement.row_blocks(t, range(world)) for t in rw[:n_rw]]
         taken = {p.table for p in rows}
-        replicable = [t for t in dp if t.name not in taken][: len(task.tables) - n_rw - 1]  # one table stays sharded
+        replicable = [t for t in dp if t.name not in taken][: len(task.tables) - n_rw - 1]
         for n_dp in sorted({min(k, len(replicable)) for k in config.data_parallel_grid}):
             grid.append(tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp]))
     # one greedy placement of the whole tables around every choice, in lockstep

@@ -22,7 +22,7 @@ from torchrec_neuroshard.hardware import cpu_cores, cpu_name
 from torchrec_neuroshard.lab.measure_comm import measure_comm
 from torchrec_neuroshard.lab.measure_compute import Lookups, measure_compute
 from torchrec_neuroshard.types import Shard, TableSpec
-from torchrec_neuroshard.lab.workloads import DIMS, PoolTable, WorkloadScale, synthetic_pool, table_spec
+from torchrec_neuroshard.lab.workloads import DIMS, PoolTable, WorkloadScale, divisible_batch, synthetic_pool, table_spec
 
 MAX_TABLES_PER_SAMPLE = 15
 PRECISION_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -236,12 +236,6 @@ def draw_comm_sample(world_size: int, seed: int, index: int) -> CommSample:
     skews = rng.integers(0, diff, world_size)
     skews = skews - skews.min()
     return CommSample(tuple(dims), tuple(float(s) for s in skews))
-
-
-def divisible_batch(batch_size: int, world_size: int) -> int:
-    """The largest global batch <= ``batch_size`` that ``world_size`` ranks split evenly
-    (4,096 on 3 ranks: 4,095, 1,365 samples each)."""
-    return batch_size - batch_size % world_size
 
 
 def _collect_comm_worker(

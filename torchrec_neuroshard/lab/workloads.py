@@ -200,7 +200,9 @@ def generate_task(
 
     Draws ``num_tables`` pool tables (without replacement) each at a random width from
     ``dims``; the per-device memory cap is ``memory_slack`` x (total bytes / devices), but
-    never below the largest table, so a cap makes placement matter yet stays feasible.
+    never below the largest table, so a cap makes placement matter yet stays feasible. The
+    global batch is the scale's, rounded down to a multiple of the devices
+    (``divisible_batch``): every rank feeds the same per-rank batch.
     """
     rng = np.random.default_rng(seed)
     chosen = rng.choice(len(pool), size=num_tables, replace=num_tables > len(pool))
@@ -208,7 +210,14 @@ def generate_task(
         table_spec(pool[i], int(rng.choice(dims)), scale, name=f"{pool[i].name}_{k}")
         for k, i in enumerate(chosen)
     )
-    return Task(tables, num_devices, memory_cap(tables, num_devices, scale.batch_size, memory_slack), scale.batch_size)
+    batch = divisible_batch(scale.batch_size, num_devices)
+    return Task(tables, num_devices, memory_cap(tables, num_devices, batch, memory_slack), batch)
+
+
+def divisible_batch(batch_size: int, world_size: int) -> int:
+    """The largest global batch <= ``batch_size`` that ``world_size`` ranks split evenly
+    (4,096 on 3 ranks: 4,095, 1,365 samples each)."""
+    return batch_size - batch_size % world_size
 
 
 def memory_cap(tables: Sequence[TableSpec], num_devices: int, batch_size: int, memory_slack: float = 1.3) -> int:
