@@ -90,7 +90,8 @@ def test_comm_samples_fine_tune_a_neural_comm_or_replace_the_alpha_beta_stand_in
     comm_rows = list(iter_kind(read_rows(XEON.with_name("intel_xeon_comm_d2.jsonl.gz")), "comm"))[:60]
     rows = xeon_rows[:30] + comm_rows
     tuned = fine_tune(load_pretrained("cpu"), rows, epochs=3, progress=False)
-    assert tuned.meta["world_sizes_trained"] == [2, 4, 8]  # the base's sizes, D=2 re-fitted here
+    base = load_pretrained("cpu").meta["world_sizes_trained"]
+    assert tuned.meta["world_sizes_trained"] == base and 2 in base  # the base's sizes, D=2 re-fitted here
     assert tuned.meta["calibration"]["comm_holdout"]["before"] is not None
     assert tuned.meta["comm_hardware"]["device_name"] == "Intel(R) Xeon(R) Processor"
 
