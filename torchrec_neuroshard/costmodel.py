@@ -281,10 +281,11 @@ class NeuralCostModel(CostModel):
         """The machine kind the compute samples were measured on."""
         return Hardware.from_record(self.meta["hardware"])
 
-    @property
+    @cached_property
     def step_parts(self) -> StepParts | None:
         """The fitted linear models of the step's other parts (``steparts``), or None for a
-        model pre-trained without `neuroshard collect step` samples."""
+        model pre-trained without `neuroshard collect step` samples (read from ``meta``
+        once: the search prices many plans)."""
         stored = self.meta.get("step_parts")
         return StepParts.from_dict(stored) if stored is not None else None
 

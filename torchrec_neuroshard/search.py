@@ -25,7 +25,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
-from torchrec_neuroshard.stepcost import CachedEmbedder, Embedder, data_parallel_ms, predict_step, step_parts_of
+from torchrec_neuroshard.stepcost import (
+    DATA_PARALLEL_PARTS,
+    ROW_WISE_PARTS,
+    CachedEmbedder,
+    Embedder,
+    data_parallel_ms,
+    predict_step,
+)
 from torchrec_neuroshard.types import (
     WIDTH_ALIGNMENT,
     CostModel,
@@ -390,7 +397,7 @@ def _search(task: Task, model: CostModel, config: SearchConfig, choices: Mapping
         candidates += [(p, ()) for p in _feasible_baselines(task)]
     candidates = [(p, f) for p, f in candidates if p is not None]
     if not candidates:
-        raise _shortfall(task, model, embed)
+        raise _shortfall(task, model, config, embed)
     costs = [predict_step(model, task, _with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
     plan, fixed = candidates[int(np.argmin(costs))]
     rest = _rest_task(task, fixed)
@@ -405,14 +412,21 @@ def _search(task: Task, model: CostModel, config: SearchConfig, choices: Mapping
     return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)
 
 
+def _free_memory(task: Task, fixed: Sequence[TablePlacement]) -> int:
+    """Bytes per device the fixed placements leave of the cap (at most; <= 0: none)."""
+    if not fixed:
+        return task.memory_cap_bytes
+    used = Plan(tuple(fixed), task.num_devices).device_memory([task.table(p.table) for p in fixed], task.batch_size)
+    return task.memory_cap_bytes - max(used)
+
+
 def _rest_task(task: Task, fixed: Sequence[TablePlacement]) -> Task:
     """The tables the placement search places, in the memory the fixed ones leave."""
-    names = {p.table for p in fixed}
-    if not names:
+    if not fixed:
         return task
-    used = Plan(tuple(fixed), task.num_devices).device_memory([task.table(n) for n in sorted(names)], task.batch_size)
+    names = {p.table for p in fixed}
     rest = tuple(t for t in task.tables if t.name not in names)
-    return Task(rest, task.num_devices, max(1, task.memory_cap_bytes - max(used)), task.batch_size)
+    return Task(rest, task.num_devices, _free_memory(task, fixed), task.batch_size)
 
 
 def _with_fixed(plan: Plan, fixed: Sequence[TablePlacement], task: Task) -> Plan:
@@ -428,12 +442,12 @@ def _fixed_ms(model: CostModel, task: Task, fixed: Sequence[TablePlacement], emb
     return np.asarray([[d.fwd_compute + d.fwd_comm, d.bwd_compute + d.bwd_comm] for d in alone.devices])
 
 
-def _shortfall(task: Task, model: CostModel, embed: Embedder) -> InfeasibleError:
+def _shortfall(task: Task, model: CostModel, config: SearchConfig, embed: Embedder) -> InfeasibleError:
     """The memory error of the root greedy run that placed the most shards."""
     keys = _Keys(task, model, embed)
     root: Widths = tuple((t.dim,) for t in task.tables)
     keys.ensure(_state_keys(root))
-    runs = _greedy_runs(task, model, keys, [root], default_scales())
+    runs = _greedy_runs(task, model, keys, [root], config.scales)
     r = int(np.argmax(runs.died_at))
     inverse = {i: k for k, i in keys.index.items()}
     t, _ = inverse[int(runs.order_keys[r, runs.died_at[r]])]
@@ -446,11 +460,9 @@ def _choose_kinds(
     """The tables to replicate or split by rows (see the module docstring); () when the
     model cannot price either, or on one device."""
     world = task.num_devices
-    parts = step_parts_of(model)
+    parts = model.step_parts
     if world == 1 or parts is None:
         return ()
-    from torchrec_neuroshard.stepcost import DATA_PARALLEL_PARTS, ROW_WISE_PARTS
-
     keys = _Keys(task, model, embed)
     keys.ensure([(i, t.dim) for i, t in enumerate(task.tables)])
     single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in enumerate(task.tables)}
@@ -485,16 +497,16 @@ def _choose_kinds(
         for n_dp in sorted({min(k, len(replicable)) for k in config.data_parallel_grid}):
             grid.append(tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp]))
     # one greedy placement of the whole tables around every choice, in lockstep
-    states, caps = [], []
+    # (a choice whose fixed tables leave no memory has a cap <= 0: all its runs die)
+    states = []
     for fixed in grid:
         names = {p.table for p in fixed}
         states.append(tuple(() if t.name in names else (t.dim,) for t in task.tables))
-        caps.append(_rest_task(task, fixed).memory_cap_bytes if fixed else task.memory_cap_bytes)
-    runs = _greedy_runs(task, model, keys, states, config.kind_scales, caps)
+    runs = _greedy_runs(task, model, keys, states, config.kind_scales, [_free_memory(task, f) for f in grid])
     per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
     best: tuple[float, tuple[TablePlacement, ...]] | None = None
     for i, fixed in enumerate(grid):
-        if not np.isfinite(per_state[i].min()) or caps[i] <= 1:
+        if not np.isfinite(per_state[i].min()):
             continue
         placed = _plan_of(task, keys, runs, i * len(config.kind_scales) + int(per_state[i].argmin()))
         cost = predict_step(model, task, _with_fixed(placed, fixed, task), embed).cost_ms

@@ -14,8 +14,8 @@ What DistributedModelParallel runs on each rank for one step, as the evaluator
   gradient and update, and the gradient all-reduce.
 
 The non-kernel parts come from the model's fitted ``StepParts`` (``steparts.py``); a model
-without one (measured on one GPU, or before ``neuroshard collect step``) prices that part
-as 0, and ``missing_parts`` says which parts a plan needed but did not get.
+without them (measured on one GPU, or before ``neuroshard collect step``) prices those
+parts as 0, and the search then never chooses the kinds that need them.
 
 A device's cost: its compute (every group's kernels) + its comm (input distributions,
 forward and backward collectives); the step's embedding cost is the max over devices.
@@ -64,18 +64,12 @@ class StepPrediction:
     cost_ms: float
     devices: tuple[DeviceCost, ...]
     parts: dict[str, tuple[float, ...]]
-    missing_parts: tuple[str, ...] = ()
 
 
 def row_block_spec(table: TableSpec, rows: int, world_size: int) -> TableSpec:
     """A row block as the compute net sees it: ``rows`` rows, each bag's lookups spread
     over the D blocks (about pooling / D of them land in one block)."""
     return replace(table, rows=max(1, rows), pooling_factor=table.pooling_factor / world_size)
-
-
-def step_parts_of(model: CostModel) -> StepParts | None:
-    """The model's fitted step parts, None for a model without them."""
-    return getattr(model, "step_parts", None)
 
 
 DATA_PARALLEL_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
@@ -107,10 +101,8 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     """
     world = task.num_devices
     local = task.batch_size / world
-    parts = step_parts_of(model)
-    embed = embed or model.embed_shards
+    parts = model.step_parts
     by_name = {t.name: t for t in task.tables}
-    missing: set[str] = set()
 
     column: list[list[Shard]] = [[] for _ in range(world)]
     blocks: list[list[Shard]] = [[] for _ in range(world)]
@@ -127,8 +119,8 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
                 if r > 0:
                     blocks[d].append(Shard(row_block_spec(table, r, len(p.devices)), table.dim))
 
-    col = _kernel_costs(model, column, embed)  # [D, 2]
-    rw = _kernel_costs(model, blocks, embed)  # [D, 2]
+    col = np.asarray(model.compute_cost(column, embed), dtype=np.float64)  # [D, 2]
+    rw = np.asarray(model.compute_cost(blocks, embed), dtype=np.float64)  # [D, 2]
     out: dict[str, np.ndarray] = {
         "column_fwd": col[:, 0], "column_bwd": col[:, 1], "row_fwd": rw[:, 0], "row_bwd": rw[:, 1],
     }  # fmt: skip
@@ -136,31 +128,22 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     # data-parallel: the same dense kernel and all-reduce on every rank
     zeros = np.zeros(world)
     out["dp_fwd"] = out["dp_bwd"] = out["all_reduce"] = zeros
-    if replicated:
-        if parts is not None and parts.has(*DATA_PARALLEL_PARTS):
-            for name, ms in data_parallel_ms(parts, replicated, task.batch_size, world).items():
-                out[name] = np.full(world, ms)
-        else:
-            missing.update(DATA_PARALLEL_PARTS)
+    if replicated and parts is not None and parts.has(*DATA_PARALLEL_PARTS):
+        for name, ms in data_parallel_ms(parts, replicated, task.batch_size, world).items():
+            out[name] = np.full(world, ms)
 
     # input distributions
     out["input_dist"] = zeros
-    if world > 1 and (any(column) or any(blocks)):
-        if parts is not None and parts.has("input_dist"):
-            out["input_dist"] = _input_dist(parts, column, world, local) + _input_dist(parts, blocks, world, local)
-        else:
-            missing.add("input_dist")
+    if world > 1 and (any(column) or any(blocks)) and parts is not None and parts.has("input_dist"):
+        out["input_dist"] = _input_dist(parts, column, world, local) + _input_dist(parts, blocks, world, local)
 
     # row-wise collectives: every rank holds the global batch's partial sums of every block
     out["reduce_scatter"] = out["all_gather"] = zeros
     rw_dims = sum(by_name[p.table].dim for p in plan.placements if p.kind.splits_rows)
-    if world > 1 and rw_dims:
-        if parts is not None and parts.has(*ROW_WISE_PARTS):
-            nbytes = task.batch_size * rw_dims * POOLED_BYTES
-            for op in ("reduce_scatter", "all_gather"):
-                out[op] = np.full(world, parts.predict(op, collective_features(op, world, nbytes))[0])
-        else:
-            missing.update(ROW_WISE_PARTS)
+    if world > 1 and rw_dims and parts is not None and parts.has(*ROW_WISE_PARTS):
+        nbytes = task.batch_size * rw_dims * POOLED_BYTES
+        for op in ("reduce_scatter", "all_gather"):
+            out[op] = np.full(world, parts.predict(op, collective_features(op, world, nbytes))[0])
 
     # the pooled all-to-all of the column group, entered when the device's forward is done
     fwd_ready = out["input_dist"] + col[:, 0] + rw[:, 0] + out["dp_fwd"]
@@ -180,22 +163,7 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
         cost_ms=max(d.total for d in devices),
         devices=devices,
         parts={k: tuple(float(x) for x in v) for k, v in out.items()},
-        missing_parts=tuple(sorted(missing)),
     )
-
-
-def _kernel_costs(model: CostModel, devices: Sequence[Sequence[Shard]], embed: Embedder) -> np.ndarray:
-    """(fwd, bwd) ms [D, 2] of one kernel per device over its shards; 0 where none."""
-    flat = [s for dev in devices for s in dev]
-    if not flat:
-        return np.zeros((len(devices), 2))
-    emb = embed(flat)  # [S, E]
-    index = np.repeat(np.arange(len(devices)), [len(dev) for dev in devices])
-    pooled = np.zeros((len(devices), emb.shape[1]), dtype=emb.dtype)
-    np.add.at(pooled, index, emb)
-    cost = np.asarray(model.device_cost(pooled), dtype=np.float64)
-    cost[[len(dev) == 0 for dev in devices]] = 0.0
-    return cost
 
 
 def _input_dist(parts: StepParts, devices: Sequence[Sequence[Shard]], world: int, local: float) -> np.ndarray:

@@ -15,9 +15,12 @@ import numbers
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from torchrec_neuroshard.steparts import StepParts
 
 NUM_ACCESS_BINS = 17
 """Access-histogram bins: counts in (0,1], (1,2], (2,4], ..., (16384,32768], >32768."""
@@ -607,12 +610,21 @@ class CostModel(abc.ABC):
         its task's batch, so callers never rescale. Default: batch-independent."""
         return self
 
-    def compute_cost(self, devices: Sequence[Sequence[Shard]]) -> list[tuple[float, float]]:
-        """(forward ms, backward ms) of one fused kernel per device; empty costs (0, 0)."""
+    @property
+    def step_parts(self) -> "StepParts | None":
+        """The fitted models of the step's parts beyond the kernels and the pooled
+        all-to-all (``steparts``); default none: those parts are not priced."""
+        return None
+
+    def compute_cost(
+        self, devices: Sequence[Sequence[Shard]], embed: Callable[[Sequence[Shard]], np.ndarray] | None = None
+    ) -> list[tuple[float, float]]:
+        """(forward ms, backward ms) of one fused kernel per device; empty costs (0, 0).
+        ``embed`` (default ``embed_shards``) lets a caller reuse cached embeddings."""
         flat = [s for dev in devices for s in dev]
         if not flat:
             return [(0.0, 0.0)] * len(devices)
-        emb = self.embed_shards(flat)
+        emb = (embed or self.embed_shards)(flat)
         index = np.repeat(np.arange(len(devices)), [len(dev) for dev in devices])
         pooled = np.zeros((len(devices), emb.shape[1]), dtype=emb.dtype)
         np.add.at(pooled, index, emb)
