@@ -242,3 +242,21 @@ def test_the_estimators_refuse_a_bad_batch_instead_of_a_default(batch) -> None:
     for cls in (NeuralPerfEstimator, NeuralPerfModel):
         with pytest.raises(ShardingError, match=rf"batch_size must be a positive int \(the per-rank batch.*got {batch!r}"):
             cls(topology, batch_size=batch)
+
+
+def test_a_table_whose_predicted_cost_overflows_is_named_not_planned_with_nan(tmp_path, capsys) -> None:
+    """4 rows read 100,000 times per sample: far outside the kernels the model learned, its
+    prediction overflows. The search, and the CLI on such a task, refuse it by name instead
+    of returning a plan whose predicted cost is NaN."""
+    from torchrec_neuroshard.access import uniform_access_histogram
+    from torchrec_neuroshard.search import search
+
+    base = generate_task(synthetic_pool(), 6, 2, WorkloadScale(), seed=3)
+    bad = TableSpec("bad", 4, 128, 100_000.0, tuple(uniform_access_histogram(4, 100_000.0 * base.batch_size)))
+    task = Task(base.tables + (bad,), 2, 10**11, base.batch_size)
+    with pytest.raises(ShardingError, match=r"tables \['bad'\]: not finite.*'bad': 100000 lookups per sample on 4 rows"):
+        search(task, load_pretrained("cpu"))
+    path = tmp_path / "task.json"
+    task.save(path)
+    assert main(["plan", str(path)]) == 2
+    assert "neuroshard: error: the cost model predicts" in capsys.readouterr().err

@@ -113,7 +113,7 @@ class _Keys:
         shards = [Shard(self.task.tables[t], w) for t, w in new]
         kind = ShardingKind.COLUMN_WISE  # table-wise shards take the same memory
         emb = self.embed(shards).astype(np.float32)
-        single = self.model.device_cost(emb).sum(1)
+        single = np.asarray(self.model.compute_cost([[s] for s in shards], self.embed)).sum(1)  # refuses inf / NaN
         for k in new:
             self.index[k] = len(self.index)
         cat = lambda a, b: b if a is None else np.concatenate([a, b])  # noqa: E731

@@ -620,7 +620,11 @@ class CostModel(abc.ABC):
         self, devices: Sequence[Sequence[Shard]], embed: Callable[[Sequence[Shard]], np.ndarray] | None = None
     ) -> list[tuple[float, float]]:
         """(forward ms, backward ms) of one fused kernel per device; empty costs (0, 0).
-        ``embed`` (default ``embed_shards``) lets a caller reuse cached embeddings."""
+        ``embed`` (default ``embed_shards``) lets a caller reuse cached embeddings.
+
+        Raises ``ShardingError`` naming the tables of a device whose prediction is not
+        finite (an exp that overflowed far outside the kernels the model learned), rather
+        than letting an inf or NaN cost rank plans."""
         flat = [s for dev in devices for s in dev]
         if not flat:
             return [(0.0, 0.0)] * len(devices)
@@ -628,8 +632,20 @@ class CostModel(abc.ABC):
         index = np.repeat(np.arange(len(devices)), [len(dev) for dev in devices])
         pooled = np.zeros((len(devices), emb.shape[1]), dtype=emb.dtype)
         np.add.at(pooled, index, emb)
-        cost = self.device_cost(pooled)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below, by name
+            cost = self.device_cost(pooled)
         cost[[len(dev) == 0 for dev in devices]] = 0.0
+        bad = np.flatnonzero(~np.isfinite(cost).all(1))
+        if bad.size:
+            shards = devices[int(bad[0])]
+            worst = max(shards, key=lambda s: s.table.pooling_factor).table
+            raise ShardingError(
+                f"the cost model predicts {cost[bad[0]].tolist()} ms for a kernel of tables "
+                f"{sorted({s.table.name for s in shards})}: not finite, so they lie far outside the kernels it "
+                f"learned (e.g. table {worst.name!r}: {worst.pooling_factor:g} lookups per sample on "
+                f"{worst.rows:,} rows); check their pooling factors, calibrate on such kernels "
+                "(`neuroshard calibrate`), or plan them with TorchRec's planner"
+            )
         return [(float(f), float(b)) for f, b in cost]
 
     def embedding_cost(self, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
