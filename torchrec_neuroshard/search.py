@@ -168,18 +168,20 @@ def _greedy_runs(
             r = i * len(scales) + j
             order[r, : len(ids)] = ids
             limit[r] = sc * total_width / D
+    dim_cap = limit + 1e-9
     E = keys.emb.shape[1]
-    sums = np.zeros((R, D, E), dtype=np.float32)
-    count = np.zeros((R, D), dtype=np.int64)
+    # run r's device d is row r * D + d of sums and of the flat views of the [R, D] arrays
+    sums = np.zeros((R * D, E), dtype=np.float32)
     fwd = np.zeros((R, D))
     bwd = np.zeros((R, D))
+    load = np.zeros((R, D))  # fwd + bwd
     dims = np.zeros((R, D))
     mem = np.zeros((R, D))
+    flat_fwd, flat_bwd, flat_load, flat_dims, flat_mem = (a.reshape(-1) for a in (fwd, bwd, load, dims, mem))
     assign = np.full((R, smax), -1, dtype=np.int64)
     alive = np.ones(R, dtype=bool)
     died_at = np.full(R, -1, dtype=np.int64)
     free_at_death = np.zeros(R)
-    rows = np.arange(R)
     for k in range(smax):
         key = order[:, k]
         active = alive & (key >= 0)
@@ -187,28 +189,55 @@ def _greedy_runs(
             break
         kk = np.where(key >= 0, key, 0)
         w, m = keys.width[kk], keys.size[kk]
-        feasible = (mem + m[:, None] <= cap[:, None]) & (dims + w[:, None] <= limit[:, None] + 1e-9)
-        load = np.where(feasible, fwd + bwd, np.inf)
-        best = load.min(1)
-        dead = active & ~np.isfinite(best)
+        device = _least_loaded_with_room(load, dims, mem, dim_cap - w, cap - m)
+        dead = active & (device < 0)
         if dead.any():
             alive &= ~dead
             died_at[dead] = k
             free_at_death[dead] = cap[dead] - mem[dead].min(1)
             active &= ~dead
-        tie = load <= best[:, None] + 1e-9
-        d = np.where(tie, mem, np.inf).argmin(1)
-        r, d = rows[active], d[active]
+        r = np.flatnonzero(active)
+        d = device[r]
+        cell = r * D + d
         assign[r, k] = d
-        sums[r, d] += keys.emb[kk[r]]
-        count[r, d] += 1
-        dims[r, d] += w[r]
-        mem[r, d] += m[r]
-        cost = model.device_cost(sums[r, d])
-        fwd[r, d], bwd[r, d] = cost[:, 0], cost[:, 1]
+        placed = sums[cell] + keys.emb[kk[r]]  # [A, E]
+        sums[cell] = placed
+        flat_dims[cell] += w[r]
+        flat_mem[cell] += m[r]
+        cost = model.device_cost(placed)
+        flat_fwd[cell], flat_bwd[cell] = cost[:, 0], cost[:, 1]
+        flat_load[cell] = flat_fwd[cell] + flat_bwd[cell]
     _, total = model.embedding_cost(fwd, bwd, dims)
     total[~alive] = np.inf
     return _Runs(total, assign, order, died_at, free_at_death)
+
+
+def _least_loaded_with_room(
+    load: np.ndarray, dims: np.ndarray, mem: np.ndarray, dim_room: np.ndarray, mem_room: np.ndarray
+) -> np.ndarray:
+    """The greedy's device for each of G runs, [G]: of the devices with dims <= dim_room and
+    mem <= mem_room, the one of least load; ties (within 1e-9) to less memory, then to the
+    lower index; -1 where no device has room or the least load is not finite.
+
+    load, dims, mem: [G, D] per run and device; dim_room, mem_room: [G], the caps less the
+    shard's width and bytes. Dims and bytes are whole numbers, so ``dims > cap - w`` is
+    exactly ``dims + w > cap``. One argmin finds the least device; only runs where another
+    device is within the tolerance compare memory."""
+    rows = np.arange(len(load))
+    blocked = dims > dim_room[:, None]  # [G, D]
+    blocked |= mem > mem_room[:, None]
+    masked = np.where(blocked, np.inf, load)  # [G, D]
+    device = masked.argmin(1)  # the first of the least
+    least = masked[rows, device]
+    masked[rows, device] = np.inf
+    tied = masked.min(1) <= least + 1e-9
+    if tied.any():
+        t = rows[tied]
+        masked[t, device[t]] = least[t]
+        tie = masked[t] <= least[t, None] + 1e-9  # [T, D]
+        device[t] = np.where(tie, mem[t], np.inf).argmin(1)
+    device[~np.isfinite(least)] = -1
+    return device
 
 
 def _split_children(state: Widths, keys: _Keys, top_k: int, min_width: Sequence[int]) -> list[Widths]:
