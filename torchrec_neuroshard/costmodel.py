@@ -191,8 +191,11 @@ class KernelNet:
         (``kernel_size_warning`` says when that happens)."""
         count = pooled[:, -1:]
         trained = self.max_tables_per_kernel
-        stretch = np.maximum(count / trained, 1.0) if trained else np.ones_like(count)
-        out = np.exp(_numpy_mlp(self.head, pooled[:, :-1] / stretch)) * stretch
+        if trained and (count > trained).any():
+            stretch = np.maximum(count / trained, 1.0)
+            out = np.exp(_numpy_mlp(self.head, pooled[:, :-1] / stretch)) * stretch
+        else:  # every kernel within the trained size (the search's hot path)
+            out = np.exp(_numpy_mlp(self.head, pooled[:, :-1]))
         return np.where(count > 0, out, 0.0)
 
     @property
@@ -445,9 +448,10 @@ def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def _numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
     for i, (w, b) in enumerate(layers):
-        x = x @ w + b
+        x = x @ w
+        x += b
         if i < len(layers) - 1:
-            x = np.maximum(x, 0.0)
+            np.maximum(x, 0.0, out=x)
     return x
 
 

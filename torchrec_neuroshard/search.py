@@ -220,7 +220,6 @@ def _greedy_runs(
             limit[r] = sc * total_width / D
             length[r] = len(ids)
     dim_cap = limit + 1e-9
-    n_keys = len(keys.index)
     # placement 0 is the empty one every run starts from; a group of runs parting from
     # the others of its placement takes a new one (at most R in all)
     held = _Placements.empty(R, D, keys.emb.shape[1])
@@ -243,28 +242,23 @@ def _greedy_runs(
             break
         p, kk = placement[a], order[k, a]
         dim_room, mem_room = dim_cap[a] - keys.width[kk], cap[a] - keys.size[kk]
-        device = _choose_devices(held, n_held, p, kk, dim_room, mem_room, shared)
+        device, decided = _choose_devices(held, n_held, p, kk, dim_room, mem_room, shared)
         dead = device < 0
         if dead.any():
             gone = a[dead]
             alive[gone] = False
             died_at[gone] = k
             free_at_death[gone] = cap[gone] - held.mem[p[dead]].min(1)
-            a, p, kk, device = a[~dead], p[~dead], kk[~dead], device[~dead]
+            a, p, kk, device, decided = (x[~dead] for x in (a, p, kk, device, decided))
         assign[k, a] = device
         if shared:
-            # the runs of a placement that put this shard on one device go on sharing it;
-            # the first such group keeps the placement, any other takes a copy
-            _, first, group = np.unique((p * n_keys + kk) * D + device, return_index=True, return_inverse=True)
-            src = p[first]  # [G] groups in placement order
-            moved = np.flatnonzero(src[1:] == src[:-1]) + 1
-            dst = src.copy()
-            dst[moved] = n_held + np.arange(len(moved))
-            n_held += len(moved)
-            held.copy(dst[moved], src[moved])
-            placement[a] = dst[group]
-            shared = len(first) < len(a)
-            p, kk, device = dst, kk[first], device[first]
+            n_held = _part(held, n_held, placement, a, p, kk * D + device, decided)
+            # one run of each placement places the shard for all of its runs
+            run_of = np.full(n_held, -1)
+            run_of[placement[a]] = np.arange(len(a))
+            p = np.flatnonzero(run_of >= 0)
+            shared = len(p) < len(a)
+            kk, device = kk[run_of[p]], device[run_of[p]]
         held.place(model, p * D + device, keys.emb[kk], keys.width[kk], keys.size[kk])
     total = np.full(R, np.inf)
     if alive.any():
@@ -280,20 +274,22 @@ def _choose_devices(
     dim_room: np.ndarray,
     mem_room: np.ndarray,
     shared: bool,
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """``_least_loaded_with_room`` for A runs on placements ``p`` [A] (of ``held``'s first
     ``n_held``) placing ``shard`` [A] with ``dim_room`` and ``mem_room`` [A], scanning each
-    placement's devices once. Where runs share a placement (``shared``), it decides for
-    the shard one of them places, with the most room any run placing that shard has; a
-    run with less room makes the same choice when both the chosen device and the first
-    least-loaded one fit it (the least load and its ties among the devices the run may
-    use are then the same); any other run decides alone."""
+    placement's devices once; and whether each run took its placement's decision [A].
+
+    Where runs share a placement (``shared``), it decides for the shard one of them
+    places, with the most room any run placing that shard has; a run with less room makes
+    the same choice when both the chosen device and the first least-loaded one fit it (the
+    least load and its ties among the devices the run may use are then the same); any
+    other run decides alone."""
     most_dim = np.full(n_held, -np.inf)  # [n_held]; -inf: placement not in use
     most_mem = np.full(n_held, -np.inf)
     if not shared:  # one run per placement
         most_dim[p], most_mem[p] = dim_room, mem_room
         device, _ = _least_loaded_with_room(held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem)
-        return device[p]
+        return device[p], np.ones(len(p), dtype=bool)
     deciding = np.full(n_held, -1)  # [n_held] the shard each placement decides for
     deciding[p] = shard
     same = shard == deciding[p]  # [A]
@@ -301,15 +297,40 @@ def _choose_devices(
     np.maximum.at(most_mem, p[same], mem_room[same])
     chosen, least = _least_loaded_with_room(held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem)
     device, least = chosen[p], least[p]  # [A]
-    agree = same & (
+    decided = same & (
         ((dim_room == most_dim[p]) & (mem_room == most_mem[p]))
         | ((device >= 0) & held.fits(p, np.maximum(device, 0), dim_room, mem_room) & held.fits(p, least, dim_room, mem_room))
     )
-    alone = np.flatnonzero(~agree)
+    alone = np.flatnonzero(~decided)
     if alone.size:
         q = p[alone]
         device[alone], _ = _least_loaded_with_room(held.load[q], held.dims[q], held.mem[q], dim_room[alone], mem_room[alone])
-    return device
+    return device, decided
+
+
+def _part(
+    held: _Placements, n_held: int, placement: np.ndarray, a: np.ndarray, p: np.ndarray, move: np.ndarray, decided: np.ndarray
+) -> int:
+    """Runs ``a`` [A] on placements ``p`` [A] make ``move``s [A] (shard and device): those
+    that took their placement's decision (``decided`` [A]) go on sharing it; the others,
+    grouped by placement and move, move to copies of it, but for the first such group of
+    a placement no run kept, which takes the placement itself. Sets ``placement`` [R] of
+    the runs; returns how many placements are held."""
+    kept = np.zeros(n_held, dtype=bool)
+    kept[p[decided]] = True
+    other = np.flatnonzero(~decided)
+    if not other.size:
+        return n_held
+    _, first, group = np.unique(p[other] * (move.max() + 1) + move[other], return_index=True, return_inverse=True)
+    src = p[other[first]]  # [G] in placement order
+    take = ~kept[src]
+    take[1:] &= src[1:] != src[:-1]
+    dst = src.copy()
+    new = np.flatnonzero(~take)
+    dst[new] = n_held + np.arange(len(new))
+    held.copy(dst[new], src[new])
+    placement[a[other]] = dst[group]
+    return n_held + len(new)
 
 
 def _least_loaded_with_room(
@@ -321,9 +342,9 @@ def _least_loaded_with_room(
     Also the first device of least load, [G] (the same but for ties).
 
     load, dims, mem: [G, D] per placement and device; dim_room, mem_room: [G], the caps
-    less the shard's width and bytes. Dims and bytes are whole numbers, so ``dims > cap - w`` is
-    exactly ``dims + w > cap``. One argmin finds the least device; only runs where another
-    device is within the tolerance compare memory."""
+    less the shard's width and bytes. Dims and bytes are whole numbers, so ``dims > cap -
+    w`` is exactly ``dims + w > cap``. One argmin finds the least device, a second one
+    whether another is within the tolerance; only those placements compare memory."""
     rows = np.arange(len(load))
     blocked = dims > dim_room[:, None]  # [G, D]
     blocked |= mem > mem_room[:, None]
@@ -331,7 +352,7 @@ def _least_loaded_with_room(
     first = masked.argmin(1)
     least = masked[rows, first]
     masked[rows, first] = np.inf
-    tied = masked.min(1) <= least + 1e-9
+    tied = masked[rows, masked.argmin(1)] <= least + 1e-9
     device = first.copy()
     if tied.any():
         t = rows[tied]
