@@ -8,7 +8,7 @@ import pytest
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
-from torchrec_neuroshard.types import InfeasibleError, Plan, TableChoices, TablePlacement, TableSpec, Task
+from torchrec_neuroshard.types import CostModel, InfeasibleError, Plan, TableChoices, TablePlacement, TableSpec, Task
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 
@@ -121,3 +121,106 @@ def test_replication_is_chosen_by_the_whole_step_and_constraints_still_hold(mode
     assert kept.plan.placement("hot").kind.value == "table_wise"
     assert {p.kind.value for p in kept.plan.placements} == {"table_wise"}  # min width = dim: never split
     assert kept.predicted_cost_ms > free.predicted_cost_ms
+
+
+def _plain_choice(load, dims, mem, dim_room, mem_room):
+    """The greedy's device rule written plainly: least load among the devices with room,
+    ties within 1e-9 to less memory, then to the lower index; -1 without room."""
+    feasible = (dims <= dim_room[:, None]) & (mem <= mem_room[:, None])
+    masked = np.where(feasible, load, np.inf)
+    best = masked.min(1)
+    device = np.where(masked <= best[:, None] + 1e-9, mem, np.inf).argmin(1)
+    device[~np.isfinite(best)] = -1
+    return device, masked.argmin(1)
+
+
+def _random_devices(rng, rows, devices):
+    """Loads with exact ties and ties within the tolerance; whole dims and bytes."""
+    load = rng.integers(0, 4, (rows, devices)) * 0.5 + rng.choice([0.0, 1e-10, 1e-6], (rows, devices))
+    dims = rng.integers(0, 8, (rows, devices)) * 4.0
+    mem = rng.integers(0, 4, (rows, devices)) * 1000.0
+    return load, dims, mem
+
+
+def test_least_loaded_with_room_is_the_plain_rule() -> None:
+    from torchrec_neuroshard.search import _least_loaded_with_room
+
+    rng = np.random.default_rng(0)
+    load, dims, mem = _random_devices(rng, 500, 8)
+    dim_room = rng.integers(-1, 8, 500) * 4 + rng.choice([0.0, 1e-9, 0.5], 500)  # some rows: no room at all
+    mem_room = rng.integers(0, 4, 500) * 1000.0
+    device, first = _least_loaded_with_room(load, dims, mem, dim_room, mem_room)
+    want, want_first = _plain_choice(load, dims, mem, dim_room, mem_room)
+    assert (want < 0).any() and (want != want_first).any()  # both paths exercised
+    np.testing.assert_array_equal(device, want)
+    np.testing.assert_array_equal(first[want >= 0], want_first[want >= 0])
+
+
+def test_runs_sharing_a_placement_choose_as_each_would_alone() -> None:
+    """One decision per shared placement, at the most room its runs have: a run with less
+    room gets what it would choose alone, whatever the others' room or shard."""
+    from torchrec_neuroshard.search import _choose_devices, _part, _Placements
+
+    rng = np.random.default_rng(1)
+    held = _Placements.empty(400, 8, 1)  # room for a placement per run
+    held.load[:40], held.dims[:40], held.mem[:40] = _random_devices(rng, 40, 8)
+    p = rng.integers(0, 40, 400)  # ten runs a placement
+    shard = np.where(rng.random(400) < 0.8, 0, rng.integers(1, 3, 400))
+    dim_room = rng.integers(2, 8, 400) * 4.0 + rng.choice([0.0, 0.5], 400)
+    mem_room = rng.integers(1, 4, 400) * 1000.0
+    device, decided = _choose_devices(held, 40, p, shard, dim_room, mem_room, shared=True)
+    want, _ = _plain_choice(held.load[p], held.dims[p], held.mem[p], dim_room, mem_room)
+    assert decided.any() and not decided.all()  # both the shared decision and runs deciding alone
+    np.testing.assert_array_equal(device, want)
+    # runs part by move: one placement per (placement, shard, device), a copy of the old one
+    before = held.load.copy()
+    placement = p.copy()
+    n_held = _part(held, 40, placement, np.arange(400), p, shard * 8 + device, decided)
+    moves = {(int(q), int(m)) for q, m in zip(p, shard * 8 + device)}
+    assert len(set(placement.tolist())) == len(moves) and n_held == 40 + len(moves) - len(set(p.tolist()))
+    for q, m, new_q in zip(p, shard * 8 + device, placement):
+        assert {(int(q), int(m))} == {(int(a), int(b)) for a, b, c in zip(p, shard * 8 + device, placement) if c == new_q}
+        np.testing.assert_array_equal(held.load[new_q], before[q])
+
+
+class _RowWiseModel(CostModel):
+    """A cost model whose prediction for a device depends on that device's shards alone
+    (elementwise arithmetic; the neural model's batched matmuls round a row differently
+    in another batch), so greedy runs can be compared bit for bit."""
+
+    def embed_shards(self, shards):
+        return np.asarray([[s.table.pooling_factor * s.width / 64, s.width / 64, 1.0] for s in shards], dtype=np.float32)
+
+    def device_cost(self, pooled):
+        fwd = 0.1 + np.sqrt(pooled[:, 0]) + 0.01 * pooled[:, 1] * pooled[:, 2]
+        return np.stack([fwd, 2 * fwd], axis=1)
+
+    def comm_cost_array(self, dims, skews_ms):
+        return np.stack([0.01 * dims + skews_ms, 0.02 * dims], axis=2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_runs_placed_together_are_the_runs_placed_alone(seed) -> None:
+    """Runs share a placement until they part: every (state, scale) run placed in one
+    lockstep batch is the same as placed on its own, dying the same way, also under
+    per-state memory caps (the kind grid's)."""
+    from torchrec_neuroshard.search import _greedy_runs, _Keys, _split_children, _state_keys, default_scales
+    from torchrec_neuroshard.stepcost import CachedEmbedder
+
+    task = generate_task(synthetic_pool(), 30, 4, WorkloadScale(), seed=seed, memory_slack=1.05)
+    model = _RowWiseModel()
+    keys = _Keys(task, model, CachedEmbedder(model))
+    root = tuple((t.dim,) for t in task.tables)
+    keys.ensure(_state_keys(root))
+    states = [root] + _split_children(root, keys, 10, [4] * len(task.tables))  # split halves tie exactly
+    keys.ensure([k for s in states for k in _state_keys(s)])
+    scales = default_scales()
+    caps = [task.memory_cap_bytes * f for f in np.linspace(0.9, 1.1, len(states))]
+    together = _greedy_runs(task, model, keys, states, scales, caps)
+    alone = [_greedy_runs(task, model, keys, [s], [x], [c]) for s, c in zip(states, caps) for x in scales]
+    assert np.isfinite(together.cost).any() and not np.isfinite(together.cost).all()
+    for r, run in enumerate(alone):
+        n = run.assign.shape[1]
+        assert run.cost[0] == together.cost[r]
+        np.testing.assert_array_equal(run.assign[0], together.assign[r, :n])
+        assert (run.died_at[0], run.free_at_death[0]) == (together.died_at[r], together.free_at_death[r])

@@ -312,18 +312,18 @@ def _part(
     held: _Placements, n_held: int, placement: np.ndarray, a: np.ndarray, p: np.ndarray, move: np.ndarray, decided: np.ndarray
 ) -> int:
     """Runs ``a`` [A] on placements ``p`` [A] make ``move``s [A] (shard and device): those
-    that took their placement's decision (``decided`` [A]) go on sharing it; the others,
-    grouped by placement and move, move to copies of it, but for the first such group of
-    a placement no run kept, which takes the placement itself. Sets ``placement`` [R] of
-    the runs; returns how many placements are held."""
-    kept = np.zeros(n_held, dtype=bool)
-    kept[p[decided]] = True
-    other = np.flatnonzero(~decided)
+    making the move their placement decided on (``decided`` [A]: the runs that took its
+    decision) go on sharing it; the others, grouped by placement and move, move to copies
+    of it, but for the first such group of a placement no run kept, which takes the
+    placement itself. Sets ``placement`` [R] of the runs; returns how many are held."""
+    kept = np.full(n_held, -1)  # [n_held] the move each placement makes, -1: none yet
+    kept[p[decided]] = move[decided]
+    other = np.flatnonzero(kept[p] != move)
     if not other.size:
         return n_held
     _, first, group = np.unique(p[other] * (move.max() + 1) + move[other], return_index=True, return_inverse=True)
     src = p[other[first]]  # [G] in placement order
-    take = ~kept[src]
+    take = kept[src] < 0
     take[1:] &= src[1:] != src[:-1]
     dst = src.copy()
     new = np.flatnonzero(~take)
