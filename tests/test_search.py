@@ -121,3 +121,24 @@ def test_replication_is_chosen_by_the_whole_step_and_constraints_still_hold(mode
     assert kept.plan.placement("hot").kind.value == "table_wise"
     assert {p.kind.value for p in kept.plan.placements} == {"table_wise"}  # min width = dim: never split
     assert kept.predicted_cost_ms > free.predicted_cost_ms
+
+
+def test_a_column_split_is_priced_as_a_second_lookup_group(model) -> None:
+    """TorchRec runs one kernel and one set of collectives per sharding kind: halving a
+    table by columns onto the same device leaves every device's load as it was but adds a
+    column-wise group, whose input distribution and all-to-alls every device pays."""
+    from torchrec_neuroshard.stepcost import predict_step
+
+    task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=4, memory_slack=2.0)
+    whole = baseline_plan("size", task)
+    widest = max(whole.placements, key=lambda p: p.widths[0])
+    half = widest.widths[0] // 2
+    split = Plan(
+        tuple(TablePlacement(p.table, (half, half), p.devices * 2) if p is widest else p for p in whole.placements), 2
+    )
+    scaled = model.with_batch_size(task.batch_size)
+    one, two = predict_step(scaled, task, whole).parts, predict_step(scaled, task, split).parts
+    assert all(b > a for a, b in zip(one["input_dist"], two["input_dist"]))
+    a2a = lambda parts: sum(parts["a2a_fwd"]) + sum(parts["a2a_bwd"])  # noqa: E731
+    assert a2a(two) > a2a(one)
+    assert predict_step(scaled, task, split).cost_ms > predict_step(scaled, task, whole).cost_ms

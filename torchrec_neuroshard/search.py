@@ -390,12 +390,11 @@ def _search(task: Task, model: CostModel, config: SearchConfig, choices: Mapping
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
     fixed = _choose_kinds(task, model, config, choice, embed)
     searched, evaluated = _place(task, model, config, choice, fixed, embed)
-    candidates = [(searched, fixed)]
+    candidates = [(p, fixed) for p in searched]
     if config.seed_with_baselines and fixed:
         candidates += [(p, fixed) for p in _feasible_baselines(_rest_task(task, fixed))]
     if config.seed_with_baselines:
         candidates += [(p, ()) for p in _feasible_baselines(task)]
-    candidates = [(p, f) for p, f in candidates if p is not None]
     if not candidates:
         raise _shortfall(task, model, config, embed)
     costs = [predict_step(model, task, _with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
@@ -522,9 +521,14 @@ def _place(
     choice: Mapping[str, TableChoices],
     fixed: Sequence[TablePlacement],
     embed: Embedder,
-) -> tuple[Plan | None, int]:
+) -> tuple[list[Plan], int]:
     """The beam search over column splits of the tables not in ``fixed``: the best plan of
-    those tables (None if no run fit memory) and the number of split states scored."""
+    those tables at every depth that improved on the shallower ones (no split first; [] if
+    no run fit memory), and the number of split states scored.
+
+    The greedy runs price a device's shards as one kernel and one all-to-all, but every
+    column-wise table adds a lookup group (a second kernel and set of collectives), so the
+    caller re-prices each depth's best with the whole step."""
     task = _rest_task(task, fixed)
     min_w = [max(WIDTH_ALIGNMENT, choice[t.name].min_width) for t in task.tables]
     keys = _Keys(task, model, embed)
@@ -532,7 +536,7 @@ def _place(
     keys.ensure(_state_keys(root))
     runs = _greedy_runs(task, model, keys, [root], config.scales)
     best_cost = float(runs.cost.min())
-    best = (runs, int(runs.cost.argmin()))
+    plans = [_plan_of(task, keys, runs, int(runs.cost.argmin()))] if math.isfinite(best_cost) else []
     beam = [root]
     seen = {root}
     evaluated = 1
@@ -552,6 +556,5 @@ def _place(
         i = int(ranked[0])
         if state_cost[i] < best_cost:
             best_cost = float(state_cost[i])
-            best = (runs, i * len(config.scales) + int(per_state[i].argmin()))
-    plan = _plan_of(task, keys, *best) if math.isfinite(best_cost) else None
-    return plan, evaluated
+            plans.append(_plan_of(task, keys, runs, i * len(config.scales) + int(per_state[i].argmin())))
+    return plans, evaluated
