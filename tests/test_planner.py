@@ -109,6 +109,15 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
     assert plan.plan[""]["big"].sharding_type == "row_wise"
     assert plan.plan[""]["small"].sharding_type in ("table_wise", "column_wise")
     assert "big: larger than one rank's memory (65,152 > 40,000 bytes): row_wise" in caplog.text
+    # decided before the search, the row-wise table is still in the predicted whole step
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.stepcost import predict_step
+
+    task = planner.task_
+    priced = predict_step(load_pretrained("cpu").with_batch_size(task.batch_size), task, planner.plan_)
+    assert {t.name for t in task.tables} == {"big", "small"}
+    assert planner.search_result_.predicted_cost_ms == pytest.approx(priced.cost_ms)
+    assert min(priced.parts["reduce_scatter"]) > 0 and min(priced.parts["row_fwd"]) > 0
     strict = NeuroShardPlanner(
         topology(2, 40_000), batch_size=8, storage_reservation=0.0,
         constraints={"big": ParameterConstraints(sharding_types=["table_wise"])},

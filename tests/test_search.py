@@ -142,3 +142,14 @@ def test_a_column_split_is_priced_as_a_second_lookup_group(model) -> None:
     a2a = lambda parts: sum(parts["a2a_fwd"]) + sum(parts["a2a_bwd"])  # noqa: E731
     assert a2a(two) > a2a(one)
     assert predict_step(scaled, task, split).cost_ms > predict_step(scaled, task, whole).cost_ms
+
+
+def test_placements_fixed_before_the_search_are_kept_and_priced(model) -> None:
+    task = generate_task(synthetic_pool(), 10, 2, WorkloadScale(), seed=6, memory_slack=2.0)
+    pinned = TablePlacement.data_parallel(task.tables[0].name)
+    result = search(task, model, fixed=(pinned,))
+    assert result.plan.placement(pinned.table) == pinned
+    assert {p.table for p in result.plan.placements} == {t.name for t in task.tables}
+    assert result.predicted_cost_ms == pytest.approx(predicted_breakdown(model, task, result.plan)[0])
+    with pytest.raises(ValueError, match=r"\['nope'\] that are not in the task"):
+        search(task, model, fixed=(TablePlacement.data_parallel("nope"),))
