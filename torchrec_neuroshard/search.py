@@ -8,6 +8,11 @@ may be split by rows and would take half a device's fair share or more is a row-
 candidate; a grid over how many of each (best scores first) is priced by the whole step
 (``stepcost.predict_step``) of a quick greedy placement, and the cheapest set is fixed.
 
+Column splits: the greedy runs price a device's shards as one kernel and one all-to-all,
+but TorchRec runs a lookup group (kernel, input distribution, all-to-all) per sharding
+kind, so a column-wise split adds a group. The beam's best plan of every depth is priced
+with the whole step beside the heuristics' plans, and the cheapest goes on.
+
 Costs come from a ``CostModel`` whose compute is additive in an embedding space, so a
 device's running shard set is one summed vector: adding a shard is a vector add and one
 evaluation of the small head, and every greedy run of one beam step (states x scales)
