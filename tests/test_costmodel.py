@@ -148,6 +148,8 @@ def test_a_sequence_kernel_net_prices_ec_tables_as_their_own_kernel(tmp_path) ->
     assert m.meta["test"]["sequence_compute"]["samples"] == 6 and m.meta["sequence"]["bytes_per_element_trained"] == [4]
     m.save(tmp_path / "m.pt")
     m = NeuralCostModel.load(tmp_path / "m.pt")
+    # each net's own training range: the sequence net's from the sequence samples alone
+    assert not torch.equal(m.pooled_kernel.trained_range.low, m.sequence_kernel.trained_range.low)
     bag = shards(1)[0]
     seq = Shard(replace(bag.table, name="s", pooled=False), bag.width)
     solo_bag, solo_seq, both, empty = m.compute_cost([[bag], [seq], [bag, seq], []])
