@@ -336,13 +336,13 @@ def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
 
 
 def test_a_tiny_hot_table_is_replicated_and_the_plan_runs_under_dmp() -> None:
-    """With the shipped model's step parts, replicating the 40-row table read 40 times per
-    sample is predicted cheaper than its input and output all-to-alls: data_parallel (a
-    kind TorchRec's own planner also picks for such tables); the plan, with its table-wise
-    rest, runs under DMP on 2 gloo ranks with the unsharded model's outputs."""
+    """With the shipped model's step parts, replicating the 40-row, 16-column table read
+    500 times per sample is predicted cheaper than its input and output all-to-alls:
+    data_parallel (a kind TorchRec's own planner also picks for such tables); the plan, with
+    its table-wise rest, runs under DMP on 2 gloo ranks with the unsharded model's outputs."""
     from tests.models import shard_and_compare
 
-    hot = {"a1": ParameterConstraints(pooling_factors=[40.0])}
+    hot = {"a1": ParameterConstraints(pooling_factors=[500.0])}
     planner = NeuroShardPlanner(topology(), batch_size=512, constraints=hot, storage_reservation=0.0)
     planner.plan(two_tower(), SHARDERS)
     kinds = planner.plan_.kinds()
