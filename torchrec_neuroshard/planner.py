@@ -23,7 +23,13 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import ParameterConstraints, PlanDebugStats, StorageReservation, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, cost_model_for, kernel_size_warning
+from torchrec_neuroshard.costmodel import (
+    NeuralCostModel,
+    check_world_size,
+    cost_model_for,
+    feature_range_warning,
+    kernel_size_warning,
+)
 from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
@@ -63,7 +69,9 @@ class NeuroShardPlanner(ShardingPlanner):
             default the shipped model for the topology's compute device and this machine
             (``costmodel.cost_model_for``: a hardware mismatch is warned about, a GPU model
             without comm gets the alpha-beta stand-in from the topology). Loaded on the
-            first plan.
+            first plan. Tables outside the data it was trained on are priced as the
+            nearest shards it learned, and one warning per plan names them
+            (``costmodel.feature_range_warning``).
         search_config: the search's knobs (beam width, scales, ...).
         storage_reservation: a TorchRec ``StorageReservation`` (e.g. its default planner's
             ``HeuristicalStorageReservation(percentage=0.15)``), or a fraction of every rank's
@@ -214,6 +222,9 @@ class NeuroShardPlanner(ShardingPlanner):
             for t in decided.searched
         }
         model = self._cost_model()
+        outside = feature_range_warning(model, task.tables)
+        if outside:
+            logger.warning("%s", outside)
         result = search(task, model, self.search_config, choices)
         crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
         if crowded:
