@@ -23,7 +23,13 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import ParameterConstraints, PlanDebugStats, StorageReservation, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, cost_model_for, kernel_size_warning
+from torchrec_neuroshard.costmodel import (
+    NeuralCostModel,
+    check_world_size,
+    cost_model_for,
+    feature_range_warning,
+    kernel_size_warning,
+)
 from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
@@ -63,7 +69,9 @@ class NeuroShardPlanner(ShardingPlanner):
             default the shipped model for the topology's compute device and this machine
             (``costmodel.cost_model_for``: a hardware mismatch is warned about, a GPU model
             without comm gets the alpha-beta stand-in from the topology). Loaded on the
-            first plan.
+            first plan. Tables outside the data it was trained on are priced as the
+            nearest shards it learned, and one warning per plan names them
+            (``costmodel.feature_range_warning``).
         search_config: the search's knobs (beam width, scales, ...).
         storage_reservation: a TorchRec ``StorageReservation`` (e.g. its default planner's
             ``HeuristicalStorageReservation(percentage=0.15)``), or a fraction of every rank's
@@ -124,7 +132,7 @@ class NeuroShardPlanner(ShardingPlanner):
         self.search_result_ = self.task_ = None
         placements = decided.decided
         if decided.searched:
-            self.search_result_ = self._search(decided, [t.spec for t in tables], cap)
+            self.search_result_ = self._search(decided, sorted((t.spec for t in tables), key=lambda s: s.name), cap)
             placements = self.search_result_.plan.placements
         self.plan_ = Plan(placements, world)
         if self.search_result_ is not None:
@@ -212,6 +220,9 @@ class NeuroShardPlanner(ShardingPlanner):
             for t in decided.searched
         }
         model = self._cost_model()
+        outside = feature_range_warning(model, [t.spec for t in decided.searched])
+        if outside:
+            logger.warning("%s", outside)
         result = search(task, model, self.search_config, choices, decided.decided)
         crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
         if crowded:
