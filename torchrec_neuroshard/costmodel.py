@@ -303,8 +303,11 @@ class KernelNet:
         (``kernel_size_warning`` says when that happens)."""
         emb, extra, count = pooled[:, :-3], pooled[:, -3:-1], pooled[:, -1:]  # [N, embed], [N, 2], [N, 1]
         trained = self.max_tables_per_kernel
-        stretch = np.maximum(count / trained, 1.0) if trained else np.ones_like(count)
-        out = np.exp(_numpy_mlp(self.head, emb / stretch)) * stretch + extra
+        if trained and (count > trained).any():
+            stretch = np.maximum(count / trained, 1.0)
+            out = np.exp(_numpy_mlp(self.head, emb / stretch)) * stretch + extra
+        else:  # every kernel within the trained size (the search's hot path)
+            out = np.exp(_numpy_mlp(self.head, emb)) + extra
         return np.where(count > 0, out, 0.0)
 
     @property
@@ -576,9 +579,10 @@ def _numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def _numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
     for i, (w, b) in enumerate(layers):
-        x = x @ w + b
+        x = x @ w
+        x += b
         if i < len(layers) - 1:
-            x = np.maximum(x, 0.0)
+            np.maximum(x, 0.0, out=x)
     return x
 
 

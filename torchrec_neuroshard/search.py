@@ -145,6 +145,51 @@ def _state_keys(state: Widths) -> list[tuple[int, int]]:
     return [(t, w) for t, ws in enumerate(state) for w in ws]
 
 
+@dataclass
+class _Placements:
+    """N partial placements on D devices, per device: its shards' summed embeddings,
+    predicted forward and backward ms and their sum, dim sum and bytes. Placement p's
+    device d is row p * D + d of ``sums`` and of the flat views of the [N, D] arrays."""
+
+    sums: np.ndarray  # [N * D, E]
+    fwd: np.ndarray  # [N, D]
+    bwd: np.ndarray  # [N, D]
+    load: np.ndarray  # [N, D] fwd + bwd
+    dims: np.ndarray  # [N, D]
+    mem: np.ndarray  # [N, D]
+
+    @staticmethod
+    def empty(n: int, devices: int, width: int) -> "_Placements":
+        sums = np.zeros((n * devices, width), dtype=np.float32)
+        return _Placements(sums, *(np.zeros((n, devices)) for _ in range(5)))
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Placements ``dst`` [M] become copies of placements ``src`` [M]."""
+        D = self.fwd.shape[1]
+        sums = self.sums.reshape(-1, D, self.sums.shape[1])  # [N, D, E]
+        sums[dst] = sums[src]
+        for a in (self.fwd, self.bwd, self.load, self.dims, self.mem):
+            a[dst] = a[src]
+
+    def place(self, model: CostModel, cells: np.ndarray, emb: np.ndarray, width: np.ndarray, size: np.ndarray) -> None:
+        """Add a shard (embedding ``emb`` [M, E], ``width`` and ``size`` [M]) to each of M
+        distinct devices ``cells`` [M] (placement * D + device) and re-predict them."""
+        placed = self.sums[cells] + emb  # [M, E]
+        self.sums[cells] = placed
+        self.dims.reshape(-1)[cells] += width
+        self.mem.reshape(-1)[cells] += size
+        cost = model.device_cost(placed)  # [M, 2]
+        fwd, bwd, load = (a.reshape(-1) for a in (self.fwd, self.bwd, self.load))
+        fwd[cells], bwd[cells] = cost[:, 0], cost[:, 1]
+        load[cells] = fwd[cells] + bwd[cells]
+
+    def fits(self, p: np.ndarray, device: np.ndarray, dim_room: np.ndarray, mem_room: np.ndarray) -> np.ndarray:
+        """[M]: whether device ``device`` of placement ``p`` has dims <= ``dim_room`` and
+        bytes <= ``mem_room`` (all [M])."""
+        cell = p * self.fwd.shape[1] + device
+        return (self.dims.reshape(-1)[cell] <= dim_room) & (self.mem.reshape(-1)[cell] <= mem_room)
+
+
 def _greedy_runs(
     task: Task,
     model: CostModel,
@@ -156,7 +201,11 @@ def _greedy_runs(
     """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
     predicted single-shard cost, each to the feasible device with the lowest predicted
     compute so far (ties to less memory); feasible = memory fits (``caps``, per state:
-    default the task's cap) and the device's dim sum stays within scale x (total width / D)."""
+    default the task's cap) and the device's dim sum stays within scale x (total width / D).
+
+    Runs that have placed the same shards on the same devices share one placement until
+    they part: the scales of a state, and states alike up to their first difference in
+    shard order, place their first shards alike, and that is placed and predicted once."""
     D = task.num_devices
     cap = np.repeat(np.asarray(caps if caps is not None else [task.memory_cap_bytes] * len(states), dtype=np.float64), len(scales))
     per_state = []
@@ -165,55 +214,158 @@ def _greedy_runs(
         per_state.append(ids[np.argsort(-keys.single[ids], kind="stable")])
     smax = max(len(p) for p in per_state)
     R = len(states) * len(scales)
-    order = np.full((R, smax), -1, dtype=np.int64)
+    order = np.full((smax, R), -1, dtype=np.int64)  # [Smax, R]: step k's shard of every run
     limit = np.empty(R)
+    length = np.empty(R, dtype=np.int64)
     for i, ids in enumerate(per_state):
         total_width = keys.width[ids].sum()
         for j, sc in enumerate(scales):
             r = i * len(scales) + j
-            order[r, : len(ids)] = ids
+            order[: len(ids), r] = ids
             limit[r] = sc * total_width / D
-    E = keys.emb.shape[1]
-    sums = np.zeros((R, D, E), dtype=np.float32)
-    count = np.zeros((R, D), dtype=np.int64)
-    fwd = np.zeros((R, D))
-    bwd = np.zeros((R, D))
-    dims = np.zeros((R, D))
-    mem = np.zeros((R, D))
-    assign = np.full((R, smax), -1, dtype=np.int64)
+            length[r] = len(ids)
+    dim_cap = limit + 1e-9
+    # placement 0 is the empty one every run starts from; a group of runs parting from
+    # the others of its placement takes a new one (at most R in all)
+    held = _Placements.empty(R, D, keys.emb.shape[1])
+    n_held = 1
+    placement = np.zeros(R, dtype=np.int64)  # [R] the placement holding run r's
+    shared = True  # some active runs may share a placement
+    end_fwd, end_bwd, end_dims = np.zeros((R, D)), np.zeros((R, D)), np.zeros((R, D))
+    assign = np.full((smax, R), -1, dtype=np.int64)
     alive = np.ones(R, dtype=bool)
     died_at = np.full(R, -1, dtype=np.int64)
     free_at_death = np.zeros(R)
-    rows = np.arange(R)
-    for k in range(smax):
-        key = order[:, k]
-        active = alive & (key >= 0)
-        if not active.any():
+    for k in range(smax + 1):
+        done = np.flatnonzero(alive & (length == k))
+        p = placement[done]
+        end_fwd[done], end_bwd[done], end_dims[done] = held.fwd[p], held.bwd[p], held.dims[p]
+        if k == smax:
             break
-        kk = np.where(key >= 0, key, 0)
-        w, m = keys.width[kk], keys.size[kk]
-        feasible = (mem + m[:, None] <= cap[:, None]) & (dims + w[:, None] <= limit[:, None] + 1e-9)
-        load = np.where(feasible, fwd + bwd, np.inf)
-        best = load.min(1)
-        dead = active & ~np.isfinite(best)
+        a = np.flatnonzero(alive & (length > k))  # [A] the active runs
+        if not a.size:
+            break
+        p, kk = placement[a], order[k, a]
+        dim_room, mem_room = dim_cap[a] - keys.width[kk], cap[a] - keys.size[kk]
+        device, decided = _choose_devices(held, n_held, p, kk, dim_room, mem_room, shared)
+        dead = device < 0
         if dead.any():
-            alive &= ~dead
-            died_at[dead] = k
-            free_at_death[dead] = cap[dead] - mem[dead].min(1)
-            active &= ~dead
-        tie = load <= best[:, None] + 1e-9
-        d = np.where(tie, mem, np.inf).argmin(1)
-        r, d = rows[active], d[active]
-        assign[r, k] = d
-        sums[r, d] += keys.emb[kk[r]]
-        count[r, d] += 1
-        dims[r, d] += w[r]
-        mem[r, d] += m[r]
-        cost = model.device_cost(sums[r, d])
-        fwd[r, d], bwd[r, d] = cost[:, 0], cost[:, 1]
-    _, total = model.embedding_cost(fwd, bwd, dims)
-    total[~alive] = np.inf
-    return _Runs(total, assign, order, died_at, free_at_death)
+            gone = a[dead]
+            alive[gone] = False
+            died_at[gone] = k
+            free_at_death[gone] = cap[gone] - held.mem[p[dead]].min(1)
+            a, p, kk, device, decided = (x[~dead] for x in (a, p, kk, device, decided))
+        assign[k, a] = device
+        if shared:
+            n_held = _part(held, n_held, placement, a, p, kk * D + device, decided)
+            # one run of each placement places the shard for all of its runs
+            run_of = np.full(n_held, -1)
+            run_of[placement[a]] = np.arange(len(a))
+            p = np.flatnonzero(run_of >= 0)
+            shared = len(p) < len(a)
+            kk, device = kk[run_of[p]], device[run_of[p]]
+        held.place(model, p * D + device, keys.emb[kk], keys.width[kk], keys.size[kk])
+    total = np.full(R, np.inf)
+    if alive.any():
+        _, total[alive] = model.embedding_cost(end_fwd[alive], end_bwd[alive], end_dims[alive])
+    return _Runs(total, assign.T, order.T, died_at, free_at_death)
+
+
+def _choose_devices(
+    held: _Placements,
+    n_held: int,
+    p: np.ndarray,
+    shard: np.ndarray,
+    dim_room: np.ndarray,
+    mem_room: np.ndarray,
+    shared: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_least_loaded_with_room`` for A runs on placements ``p`` [A] (of ``held``'s first
+    ``n_held``) placing ``shard`` [A] with ``dim_room`` and ``mem_room`` [A], scanning each
+    placement's devices once; and whether each run took its placement's decision [A].
+
+    Where runs share a placement (``shared``), it decides for the shard one of them
+    places, with the most room any run placing that shard has; a run with less room makes
+    the same choice when both the chosen device and the first least-loaded one fit it (the
+    least load and its ties among the devices the run may use are then the same); any
+    other run decides alone."""
+    most_dim = np.full(n_held, -np.inf)  # [n_held]; -inf: placement not in use
+    most_mem = np.full(n_held, -np.inf)
+    if not shared:  # one run per placement
+        most_dim[p], most_mem[p] = dim_room, mem_room
+        device, _ = _least_loaded_with_room(held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem)
+        return device[p], np.ones(len(p), dtype=bool)
+    deciding = np.full(n_held, -1)  # [n_held] the shard each placement decides for
+    deciding[p] = shard
+    same = shard == deciding[p]  # [A]
+    np.maximum.at(most_dim, p[same], dim_room[same])
+    np.maximum.at(most_mem, p[same], mem_room[same])
+    chosen, least = _least_loaded_with_room(held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem)
+    device, least = chosen[p], least[p]  # [A]
+    decided = same & (
+        ((dim_room == most_dim[p]) & (mem_room == most_mem[p]))
+        | ((device >= 0) & held.fits(p, np.maximum(device, 0), dim_room, mem_room) & held.fits(p, least, dim_room, mem_room))
+    )
+    alone = np.flatnonzero(~decided)
+    if alone.size:
+        q = p[alone]
+        device[alone], _ = _least_loaded_with_room(held.load[q], held.dims[q], held.mem[q], dim_room[alone], mem_room[alone])
+    return device, decided
+
+
+def _part(
+    held: _Placements, n_held: int, placement: np.ndarray, a: np.ndarray, p: np.ndarray, move: np.ndarray, decided: np.ndarray
+) -> int:
+    """Runs ``a`` [A] on placements ``p`` [A] make ``move``s [A] (shard and device): those
+    that took their placement's decision (``decided`` [A]) go on sharing it; the others,
+    grouped by placement and move, move to copies of it, but for the first such group of
+    a placement no run kept, which takes the placement itself. Sets ``placement`` [R] of
+    the runs; returns how many placements are held."""
+    kept = np.zeros(n_held, dtype=bool)
+    kept[p[decided]] = True
+    other = np.flatnonzero(~decided)
+    if not other.size:
+        return n_held
+    _, first, group = np.unique(p[other] * (move.max() + 1) + move[other], return_index=True, return_inverse=True)
+    src = p[other[first]]  # [G] in placement order
+    take = ~kept[src]
+    take[1:] &= src[1:] != src[:-1]
+    dst = src.copy()
+    new = np.flatnonzero(~take)
+    dst[new] = n_held + np.arange(len(new))
+    held.copy(dst[new], src[new])
+    placement[a[other]] = dst[group]
+    return n_held + len(new)
+
+
+def _least_loaded_with_room(
+    load: np.ndarray, dims: np.ndarray, mem: np.ndarray, dim_room: np.ndarray, mem_room: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy's device on each of G placements, [G]: of the devices with dims <=
+    dim_room and mem <= mem_room, the one of least load; ties (within 1e-9) to less memory,
+    then to the lower index; -1 where no device has room or the least load is not finite.
+    Also the first device of least load, [G] (the same but for ties).
+
+    load, dims, mem: [G, D] per placement and device; dim_room, mem_room: [G], the caps
+    less the shard's width and bytes. Dims and bytes are whole numbers, so ``dims > cap -
+    w`` is exactly ``dims + w > cap``. One argmin finds the least device, a second one
+    whether another is within the tolerance; only those placements compare memory."""
+    rows = np.arange(len(load))
+    blocked = dims > dim_room[:, None]  # [G, D]
+    blocked |= mem > mem_room[:, None]
+    masked = np.where(blocked, np.inf, load)  # [G, D]
+    first = masked.argmin(1)
+    least = masked[rows, first]
+    masked[rows, first] = np.inf
+    tied = masked[rows, masked.argmin(1)] <= least + 1e-9
+    device = first.copy()
+    if tied.any():
+        t = rows[tied]
+        masked[t, first[t]] = least[t]
+        tie = masked[t] <= least[t, None] + 1e-9  # [T, D]
+        device[t] = np.where(tie, mem[t], np.inf).argmin(1)
+    device[~np.isfinite(least)] = -1
+    return device, first
 
 
 def _split_children(state: Widths, keys: _Keys, top_k: int, min_width: Sequence[int]) -> list[Widths]:
