@@ -48,6 +48,8 @@ def test_calibration_on_a_few_samples_lowers_held_out_error_on_their_hardware(xe
     assert tuned.hardware == Hardware("cpu", "Intel(R) Xeon(R) Processor")
     assert tuned.meta["calibration"]["compute_samples"] == 60
     assert tuned.comm is base.comm  # no comm samples: the base's comm net is kept
+    grown, seen = tuned.pooled_kernel.trained_range, base.pooled_kernel.trained_range
+    assert (grown.low <= seen.low).all() and (grown.high >= seen.high).all()  # the base's range, and the new samples'
 
     path = tmp_path / "xeon.pt"
     tuned.save(path)

@@ -1,19 +1,36 @@
 """The neural cost models: shapes, symmetries, persistence, training."""
 
+import copy
 import itertools
+import logging
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from torchrec_neuroshard.costmodel import (
+    POOLING_FEATURE,
+    WIDTH_FEATURE,
     NeuralCostModel,
     device_features,
+    feature_range_warning,
     load_pretrained,
 )
-from torchrec_neuroshard.lab.pretrain import load_compute_data, pretrain, split_by_group, train_compute
+from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
+from torchrec_neuroshard.lab.pretrain import (
+    add_feature_ranges,
+    kernel_rows,
+    load_compute_data,
+    pretrain,
+    split_by_group,
+    train_compute,
+)
 from torchrec_neuroshard.types import Shard, ShardingError
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool, table_spec
+
+DATA = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 
 
 @pytest.fixture(scope="module")
@@ -137,17 +154,13 @@ def test_a_sequence_kernel_net_prices_ec_tables_as_their_own_kernel(tmp_path) ->
     unpooled kernel: a device holding bags and sequences costs the sum of its two kernels,
     each 0 without shards; the net survives save/load; a model without it refuses sequence
     tables by name."""
-    from dataclasses import replace
-    from pathlib import Path
-
-    from torchrec_neuroshard.lab.collect import read_rows
-
-    data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
-    rows = read_rows(data / "h200_compute.jsonl.gz")[:60] + read_rows(data / "h200_compute_sequence.jsonl.gz")[:60]
+    rows = read_rows(DATA / "h200_compute.jsonl.gz")[:60] + read_rows(DATA / "h200_compute_sequence.jsonl.gz")[:60]
     m = pretrain(rows, epochs=2, progress=False)
     assert m.meta["test"]["sequence_compute"]["samples"] == 6 and m.meta["sequence"]["bytes_per_element_trained"] == [4]
     m.save(tmp_path / "m.pt")
     m = NeuralCostModel.load(tmp_path / "m.pt")
+    # each net's own training range: the sequence net's from the sequence samples alone
+    assert not torch.equal(m.pooled_kernel.trained_range.low, m.sequence_kernel.trained_range.low)
     bag = shards(1)[0]
     seq = Shard(replace(bag.table, name="s", pooled=False), bag.width)
     solo_bag, solo_seq, both, empty = m.compute_cost([[bag], [seq], [bag, seq], []])
@@ -157,3 +170,71 @@ def test_a_sequence_kernel_net_prices_ec_tables_as_their_own_kernel(tmp_path) ->
     assert pooled_only.compute_cost([[bag]]) == m.compute_cost([[bag]])
     with pytest.raises(ShardingError, match=r"table 's' is a sequence \(EmbeddingCollection\) table, but this cost model learned the pooled kernel only"):
         pooled_only.compute_cost([[bag, seq]])
+
+
+def _without_ranges(model: NeuralCostModel) -> NeuralCostModel:
+    """``model`` as a file written before feature ranges were recorded loads."""
+    meta = copy.deepcopy(model.meta)
+    for part in (meta, meta.get("sequence", {})):
+        part.pop("feature_range", None)
+    return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, sequence=model.sequence)
+
+
+def test_the_trained_range_leaves_every_training_kernel_priced_bit_for_bit(model) -> None:
+    """Clamping into the recorded range is the identity on the samples the range came from:
+    every kernel of the shipped CPU model's training split (pooled: fp32 and fp16) costs
+    exactly what the bare nets predict, and none is reported outside its data."""
+    rows = kernel_rows([r for f in ("cpu_compute", "cpu_compute_fp16") for r in read_rows(DATA / f"{f}.jsonl.gz")])
+    train, _, _ = split_by_group(np.asarray([r["group"] for r in rows]), seed=model.meta["seed"])
+    kernels = [[shard_from_record(s) for s in r["shards"]] for r, keep in zip(rows, train) if keep]
+    assert len(kernels) == 9239
+    guarded = np.asarray(model.compute_cost(kernels))
+    assert np.abs(guarded - np.asarray(_without_ranges(model).compute_cost(kernels))).max() == 0.0
+    assert model.out_of_range([s.table for k in kernels[:500] for s in k]) == {}
+
+
+def test_a_wider_or_more_read_shard_than_any_trained_costs_its_work_linearly(model) -> None:
+    """A shard twice as wide as the widest trained (128 columns), or read three times as
+    often as the most-read trained table, costs two (three) of the trained-extreme shard.
+    Measured here, 256 and 512 columns cost 1.4x and 2.9x 128 (linear: 2x, 4x; the bare net
+    1.4x, 1.6x; clamping alone 1.05x, 1.05x). The warning names the feature."""
+    trained = model.pooled_kernel.trained_range
+    widest, busiest = int(trained.high[WIDTH_FEATURE]), float(trained.high[POOLING_FEATURE])
+    table = table_spec(synthetic_pool()[0], widest, WorkloadScale())
+    base = sum(model.compute_cost([[Shard(table, widest)]])[0])
+    wide = replace(table, name="wide", dim=2 * widest)
+    assert sum(model.compute_cost([[Shard(wide, 2 * widest)]])[0]) == pytest.approx(2 * base, rel=1e-5)
+    read = replace(table, pooling_factor=busiest)
+    hot = replace(read, name="hot", pooling_factor=3 * busiest)
+    assert sum(model.compute_cost([[Shard(hot, widest)]])[0]) == pytest.approx(3 * sum(model.compute_cost([[Shard(read, widest)]])[0]), rel=1e-5)
+    with_other = sum(model.compute_cost([[Shard(wide, 2 * widest), Shard(read, widest)]])[0])
+    assert with_other > sum(model.compute_cost([[Shard(wide, 2 * widest)]])[0])  # the extra work adds to the kernel's
+    far = model.out_of_range([table, wide, hot])
+    assert list(far) == ["wide", "hot"] and far["wide"] == [f"width 256 (trained 4..{widest})"]
+    assert far["hot"][0] == f"pooling_factor {3 * busiest:.4g} (trained 1..{busiest:.4g})"
+    assert "'wide': width 256" in feature_range_warning(model, [table, wide])
+
+
+def test_a_model_file_without_feature_ranges_loads_with_a_warning_and_gets_them_from_its_data(tmp_path, caplog) -> None:
+    """Older files still load, unguarded (the 16-row table read 40 times per sample: the
+    bare net's 10^5 ms), with a warning naming the fix; ``add_feature_ranges`` records them
+    from the model's own training rows, nets untouched, and refuses other rows."""
+    shipped = load_pretrained("intel_xeon")
+    path = tmp_path / "old.pt"
+    _without_ranges(shipped).save(path)
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.costmodel"):
+        old = NeuralCostModel.load(path)
+    assert "old.pt: this cost model file records no range of its training features" in caplog.text
+    assert "add_feature_ranges(model, rows)" in caplog.text
+    from torchrec_neuroshard.access import uniform_access_histogram
+    from torchrec_neuroshard.types import TableSpec
+
+    tiny = TableSpec("tiny", 16, 128, 40.0, uniform_access_histogram(16, 40 * 4096))
+    assert sum(old.compute_cost([[Shard(tiny, 128)]])[0]) > 1e4
+    assert old.out_of_range([tiny]) == {} and feature_range_warning(old, [tiny]) is None  # nothing to tell by
+
+    again = add_feature_ranges(old, read_rows(DATA / "intel_xeon_compute.jsonl.gz"))
+    assert again.meta == shipped.meta  # the shipped range is its training split's
+    assert again.compute_net is old.compute_net
+    with pytest.raises(ShardingError, match=r"these rows are not the samples the model was pre-trained on.*give the data files"):
+        add_feature_ranges(old, read_rows(DATA / "cpu_compute.jsonl.gz")[:300])

@@ -5,6 +5,7 @@ import dataclasses
 import gzip
 import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -245,18 +246,55 @@ def test_the_estimators_refuse_a_bad_batch_instead_of_a_default(batch) -> None:
 
 
 def test_a_table_whose_predicted_cost_overflows_is_named_not_planned_with_nan(tmp_path, capsys) -> None:
-    """4 rows read 100,000 times per sample: far outside the kernels the model learned, its
-    prediction overflows. The search, and the CLI on such a task, refuse it by name instead
-    of returning a plan whose predicted cost is NaN."""
+    """4 rows read 100,000 times per sample: far outside the kernels the model learned. The
+    bare nets (a model file without feature ranges) overflow on it: the search, and the CLI
+    on such a task, refuse it by name instead of returning a plan whose predicted cost is
+    NaN. The shipped model, clamped into its ranges, prices it linearly in its lookups:
+    567 times the most-read table it learned, seconds."""
+    import torch
+
     from torchrec_neuroshard.access import uniform_access_histogram
+    from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
     from torchrec_neuroshard.search import search
+    from torchrec_neuroshard.types import Shard
 
     base = generate_task(synthetic_pool(), 6, 2, WorkloadScale(), seed=3)
     bad = TableSpec("bad", 4, 128, 100_000.0, tuple(uniform_access_histogram(4, 100_000.0 * base.batch_size)))
     task = Task(base.tables + (bad,), 2, 10**11, base.batch_size)
+    blob = torch.load(PRETRAINED_DIR / "cpu.pt", weights_only=True)
+    for part in (blob["meta"], blob["meta"]["sequence"]):
+        del part["feature_range"]
+    bare = tmp_path / "bare.pt"
+    torch.save(blob, bare)
     with pytest.raises(ShardingError, match=r"tables \['bad'\]: not finite.*'bad': 100000 lookups per sample on 4 rows"):
-        search(task, load_pretrained("cpu"))
+        search(task, NeuralCostModel.load(bare))
     path = tmp_path / "task.json"
     task.save(path)
-    assert main(["plan", str(path)]) == 2
+    assert main(["plan", str(path), "--model", str(bare)]) == 2
     assert "neuroshard: error: the cost model predicts" in capsys.readouterr().err
+    assert 1_000 < sum(load_pretrained("cpu").compute_cost([[Shard(bad, 128)]])[0]) < 100_000
+
+
+def test_a_table_far_outside_the_training_data_is_priced_as_the_nearest_learned_and_named_once(tmp_path, caplog) -> None:
+    """16 rows read 40 times per sample: every row falls in the 8,192-16,384 accesses bin,
+    where the CPU model's training tables had at most 0.04% of theirs. The bare net priced
+    it at 778,000 ms (measured: about 2 ms at the training data's machine speed); clamped
+    into the trained range it costs 3.3 ms, and planning a task holding it logs one warning
+    naming it, its features and the commands that fix the model."""
+    from torchrec_neuroshard.access import uniform_access_histogram
+    from torchrec_neuroshard.types import Shard
+
+    tiny = TableSpec("tiny", 16, 128, 40.0, uniform_access_histogram(16, 40 * 4096))
+    fwd, bwd = load_pretrained("cpu").compute_cost([[Shard(tiny, 128)]])[0]
+    assert 0 < fwd + bwd < 100
+
+    base = generate_task(synthetic_pool(), 6, 2, WorkloadScale(), seed=3)
+    path = tmp_path / "task.json"
+    Task(base.tables + (tiny,), 2, 10**11, base.batch_size).save(path)
+    with caplog.at_level(logging.WARNING):
+        assert main(["plan", str(path)]) == 0
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("1 table(s) lie outside the data the compute model was trained on ('tiny': log_rows 2.773")
+    assert "access_bin_14 1 (trained 0..0.00039)" in warned[0]
+    assert "`neuroshard collect compute`" in warned[0] and "`neuroshard pretrain`" in warned[0]

@@ -109,6 +109,15 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
     assert plan.plan[""]["big"].sharding_type == "row_wise"
     assert plan.plan[""]["small"].sharding_type in ("table_wise", "column_wise")
     assert "big: larger than one rank's memory (65,152 > 40,000 bytes): row_wise" in caplog.text
+    # decided before the search, the row-wise table is still in the predicted whole step
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.stepcost import predict_step
+
+    task = planner.task_
+    priced = predict_step(load_pretrained("cpu").with_batch_size(task.batch_size), task, planner.plan_)
+    assert {t.name for t in task.tables} == {"big", "small"}
+    assert planner.search_result_.predicted_cost_ms == pytest.approx(priced.cost_ms)
+    assert min(priced.parts["reduce_scatter"]) > 0 and min(priced.parts["row_fwd"]) > 0
     strict = NeuroShardPlanner(
         topology(2, 40_000), batch_size=8, storage_reservation=0.0,
         constraints={"big": ParameterConstraints(sharding_types=["table_wise"])},
@@ -335,18 +344,40 @@ def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
         NeuroShardPlanner(topology()).plan(model(DataType.BF16), SHARDERS)
 
 
-def test_a_tiny_hot_table_is_replicated_and_the_plan_runs_under_dmp() -> None:
-    """With the shipped model's step parts, replicating the 40-row table read 40 times per
-    sample is predicted cheaper than its input and output all-to-alls: data_parallel (a
-    kind TorchRec's own planner also picks for such tables); the plan, with its table-wise
-    rest, runs under DMP on 2 gloo ranks with the unsharded model's outputs."""
+def test_a_tiny_hot_table_is_replicated_and_the_plan_runs_under_dmp(caplog) -> None:
+    """With the shipped model's step parts, replicating the 40-row, 16-column table read
+    500 times per sample is predicted cheaper than its input and output all-to-alls:
+    data_parallel (a kind TorchRec's own planner also picks for such tables); the plan, with
+    its table-wise rest, runs under DMP on 2 gloo ranks with the unsharded model's outputs.
+    Its 40-row tables lie outside the compute model's training data: one warning names them."""
     from tests.models import shard_and_compare
 
-    hot = {"a1": ParameterConstraints(pooling_factors=[40.0])}
+    hot = {"a1": ParameterConstraints(pooling_factors=[500.0])}
     planner = NeuroShardPlanner(topology(), batch_size=512, constraints=hot, storage_reservation=0.0)
-    planner.plan(two_tower(), SHARDERS)
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard"):
+        planner.plan(two_tower(), SHARDERS)
+    warned = [r.getMessage() for r in caplog.records if "outside the data the compute model was trained on" in r.getMessage()]
+    assert len(warned) == 1 and "'a1': log_rows 3.689 (trained 7.206..12.63)" in warned[0]
     kinds = planner.plan_.kinds()
     assert kinds["a1"].value == "data_parallel"
     assert {k.value for k in kinds.values()} > {"data_parallel"}  # not everything replicated
     for r in spawn(shard_and_compare, 2, planner.plan_.to_dict()):
         assert r["max_err"] < 1e-5
+
+
+def test_our_estimator_inside_torchrecs_planner_names_the_tables_outside_the_training_data(caplog) -> None:
+    """One warning per estimate, naming the 16-row table read 40 times per sample (each of
+    its rows in the 8,192-16,384 accesses bin) and not the table inside the training data."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    from torchrec_neuroshard.estimators import NeuralPerfEstimator
+
+    model = _ebc([("tiny", 128, 16), ("x", 32, 50_000)])
+    cons = {"tiny": ParameterConstraints(pooling_factors=[40.0]), "x": ParameterConstraints(pooling_factors=[2.0])}
+    topo = topology(2)
+    enumerator = EmbeddingEnumerator(topology=topo, batch_size=2048, constraints=cons, estimator=[NeuralPerfEstimator(topo, cons)])
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.estimators"):
+        enumerator.enumerate(model, SHARDERS)
+    warned = [r.getMessage() for r in caplog.records if r.name == "torchrec_neuroshard.estimators"]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("1 table(s) lie outside the data the compute model was trained on ('tiny': log_rows 2.773")

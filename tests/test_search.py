@@ -102,25 +102,60 @@ def test_memory_cap_forces_a_split_when_splits_are_allowed(model) -> None:
 
 
 def test_replication_is_chosen_by_the_whole_step_and_constraints_still_hold(model) -> None:
-    """A 64-row table read 20 times per sample: the whole-step prediction replicates it
-    (its replica costs each rank less than its all-to-alls); forbidden to replicate, it is
-    placed table/column-wise; the rest of the plan never breaks its min widths."""
+    """A 64-row, 16-column table read 500 times per sample: the whole-step prediction
+    replicates it (its replica costs each rank less than distributing its ids and pooled
+    embeddings); forbidden to replicate or split, it is placed table-wise; the rest of the
+    plan never breaks its min widths. (A 64-column table read 20 times, replicated while
+    the compute net priced its kernel at 55 s far outside its training data, is table-wise
+    at its bounded price of about a millisecond.)"""
     from torchrec_neuroshard.access import uniform_access_histogram
     from torchrec_neuroshard.stepcost import predict_step
     from torchrec_neuroshard.tables import sharder_choices
 
     base = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=3, memory_slack=3.0)
-    hot = TableSpec("hot", 64, 64, 20.0, tuple(uniform_access_histogram(64, 20.0 * base.batch_size)))
+    hot = TableSpec("hot", 64, 16, 500.0, tuple(uniform_access_histogram(64, 500.0 * base.batch_size)))
     task = Task(base.tables + (hot,), 2, base.memory_cap_bytes, base.batch_size)
     choices = sharder_choices(task.tables, "cpu")
     free = search(task, model, choices=choices)
     assert free.plan.placement("hot").kind.value == "data_parallel"
     assert free.predicted_cost_ms == pytest.approx(predict_step(model.with_batch_size(task.batch_size), task, free.plan).cost_ms)
-    pinned = {t.name: TableChoices(min_width=t.dim, data_parallel=False) for t in task.tables}
+    pinned = {t.name: TableChoices(min_width=t.dim, data_parallel=False, row_wise=False) for t in task.tables}
     kept = search(task, model, choices=pinned)
     assert kept.plan.placement("hot").kind.value == "table_wise"
     assert {p.kind.value for p in kept.plan.placements} == {"table_wise"}  # min width = dim: never split
     assert kept.predicted_cost_ms > free.predicted_cost_ms
+
+
+def test_a_column_split_is_priced_as_a_second_lookup_group(model) -> None:
+    """TorchRec runs one kernel and one set of collectives per sharding kind: halving a
+    table by columns onto the same device leaves every device's load as it was but adds a
+    column-wise group, whose input distribution and all-to-alls every device pays."""
+    from torchrec_neuroshard.stepcost import predict_step
+
+    task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=4, memory_slack=2.0)
+    whole = baseline_plan("size", task)
+    widest = max(whole.placements, key=lambda p: p.widths[0])
+    half = widest.widths[0] // 2
+    split = Plan(
+        tuple(TablePlacement(p.table, (half, half), p.devices * 2) if p is widest else p for p in whole.placements), 2
+    )
+    scaled = model.with_batch_size(task.batch_size)
+    one, two = predict_step(scaled, task, whole).parts, predict_step(scaled, task, split).parts
+    assert all(b > a for a, b in zip(one["input_dist"], two["input_dist"]))
+    a2a = lambda parts: sum(parts["a2a_fwd"]) + sum(parts["a2a_bwd"])  # noqa: E731
+    assert a2a(two) > a2a(one)
+    assert predict_step(scaled, task, split).cost_ms > predict_step(scaled, task, whole).cost_ms
+
+
+def test_placements_fixed_before_the_search_are_kept_and_priced(model) -> None:
+    task = generate_task(synthetic_pool(), 10, 2, WorkloadScale(), seed=6, memory_slack=2.0)
+    pinned = TablePlacement.data_parallel(task.tables[0].name)
+    result = search(task, model, fixed=(pinned,))
+    assert result.plan.placement(pinned.table) == pinned
+    assert {p.table for p in result.plan.placements} == {t.name for t in task.tables}
+    assert result.predicted_cost_ms == pytest.approx(predicted_breakdown(model, task, result.plan)[0])
+    with pytest.raises(ValueError, match=r"\['nope'\] that are not in the task"):
+        search(task, model, fixed=(TablePlacement.data_parallel("nope"),))
 
 
 def _plain_choice(load, dims, mem, dim_room, mem_room):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import sys
@@ -10,6 +11,8 @@ import time
 from pathlib import Path
 
 from torchrec_neuroshard.types import ShardingError
+
+logger = logging.getLogger(__name__)
 
 
 def _collect(args: argparse.Namespace) -> None:
@@ -139,7 +142,7 @@ def _plan(args: argparse.Namespace) -> None:
             )
         tasks = [tasks[args.index]]
 
-    from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, load_pretrained
+    from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, feature_range_warning, load_pretrained
     from torchrec_neuroshard.heuristics import baseline_plan
     from torchrec_neuroshard.search import predicted_breakdown, search
     from torchrec_neuroshard.stats import format_plan_stats
@@ -150,6 +153,9 @@ def _plan(args: argparse.Namespace) -> None:
         check_world_size(model, world)
     plans = []
     for i, task in tasks:
+        outside = feature_range_warning(model, task.tables)
+        if outside:
+            logger.warning("%s%s", f"task {i}: " if suite else "", outside)
         if args.planner == "neuroshard":
             result = search(task, model, choices=sharder_choices(task.tables, model.hardware.device))
             plan, devices, note = result.plan, result.devices, f"searched in {result.seconds:.2f} s"

@@ -15,14 +15,18 @@ The comm part is pluggable (``comm.CommModel``): this net, or the alpha-beta sta
 built from a topology for models measured on one GPU.
 
 Every model file records the hardware its samples were measured on; ``cost_model_for``
-picks the shipped model for a topology and this machine and warns on a mismatch.
+picks the shipped model for a topology and this machine and warns on a mismatch. It also
+records the range of every shard feature each compute net was trained on
+(``FeatureRange``): a shard outside it is priced as the nearest shard the net learned
+(``KernelNet.priced``), never by the net's unbounded extrapolation, and
+``feature_range_warning`` names such tables.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,7 +38,7 @@ from torch import nn
 from torchrec_neuroshard.comm import AlphaBetaComm, CommModel
 from torchrec_neuroshard.hardware import Hardware, hardware_mismatch, local_hardware
 from torchrec_neuroshard.steparts import StepParts
-from torchrec_neuroshard.types import CostModel, NUM_ACCESS_BINS, Shard, ShardingError
+from torchrec_neuroshard.types import CostModel, NUM_ACCESS_BINS, Shard, ShardingError, TableSpec
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +47,9 @@ MODEL_FORMAT = "torchrec-neuroshard/costmodel"
 FORMAT_VERSION = 3
 """1: compute and comm nets always present. 2: the comm net is optional (a model measured on
 one GPU has none) and ``meta["hardware"]`` records the core count of a CPU. 3: an optional
-second compute net for the unpooled (sequence, EmbeddingCollection) kernel."""
+second compute net for the unpooled (sequence, EmbeddingCollection) kernel. The meta also
+records each compute net's ``feature_range``, added without a new version: older readers
+ignore it, and files without it load with a warning."""
 
 SHARD_FEATURES = (
     "log_rows", "width", "log_width", "pooling_factor", "log_pooling", "log_lookup_bytes",
@@ -54,6 +60,16 @@ DEVICE_FEATURES = (
     "dim", "skew_ms", "wait_ms", "send_dim", "recv_dim", "mean_dim", "max_dim", "min_dim",
     "max_skew_ms", "world_size", "inv_world_size",
 )  # fmt: skip
+WIDTH_FEATURE = SHARD_FEATURES.index("width")
+POOLING_FEATURE = SHARD_FEATURES.index("pooling_factor")
+
+RANGE_TOLERANCE = 1.0
+"""How far outside its trained range a shard feature may lie, in the training standard
+deviations the net's normaliser divides by, before ``feature_range_warning`` names it.
+Every feature is clamped into the range whatever the distance; nearer than this, the clamp
+moved the shipped CPU model's price of uniformly read tables (500 to 300,000 rows) by 11%
+at most, about its test error, where a 1,000-row table read 20 times per sample, 24
+deviations out, moved 4-9x."""
 
 
 def shard_features(shards: Sequence[Shard]) -> torch.Tensor:
@@ -153,55 +169,151 @@ class Normalizer:
 
 
 @dataclass(frozen=True)
+class FeatureRange:
+    """The smallest and largest value of each raw shard feature (``SHARD_FEATURES``) in the
+    samples a compute net was trained on: ``low``, ``high`` float32 [F]. A model file
+    records it in ``meta["feature_range"]`` (a sequence net's in ``meta["sequence"]``)."""
+
+    low: torch.Tensor
+    high: torch.Tensor
+
+    def __post_init__(self) -> None:
+        want = (len(SHARD_FEATURES),)
+        if tuple(self.low.shape) != want or tuple(self.high.shape) != want:
+            raise ShardingError(
+                f"a feature range needs {want[0]} lows and highs (one per shard feature), got "
+                f"{list(self.low.shape)} and {list(self.high.shape)}; re-run `neuroshard pretrain`"
+            )
+        if not (self.low.isfinite().all() and self.high.isfinite().all() and (self.low <= self.high).all()):
+            raise ShardingError("a feature range needs finite lows no greater than its highs; re-run `neuroshard pretrain`")
+
+    @staticmethod
+    def fit(x: torch.Tensor) -> "FeatureRange":
+        """The range of the feature rows x [N, F]."""
+        return FeatureRange(x.min(0).values, x.max(0).values)
+
+    def union(self, other: "FeatureRange") -> "FeatureRange":
+        return FeatureRange(torch.minimum(self.low, other.low), torch.maximum(self.high, other.high))
+
+    def clamp(self, x: torch.Tensor) -> torch.Tensor:
+        """Feature rows x [N, F] with every feature clamped into the range: rows inside it
+        come back bit for bit."""
+        return torch.clamp(x, self.low, self.high)
+
+    def state(self) -> dict:
+        return {"low": self.low.tolist(), "high": self.high.tolist()}
+
+    @staticmethod
+    def from_state(d: dict) -> "FeatureRange":
+        return FeatureRange(torch.tensor(d["low"], dtype=torch.float32), torch.tensor(d["high"], dtype=torch.float32))
+
+
+@dataclass(frozen=True)
 class KernelNet:
     """A compute net with the normaliser of its features and what it was trained on (the
-    largest kernel, the weight bytes): the model of one TorchRec kernel kind."""
+    largest kernel, the weight bytes, the range of its features, None for a model file
+    written before ranges were recorded): the model of one TorchRec kernel kind."""
 
     net: ComputeNet
     norm: Normalizer
     max_tables_per_kernel: int | None
     bytes_per_element_trained: tuple[int, ...]
+    trained_range: FeatureRange | None
 
     @staticmethod
     def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any]) -> "KernelNet":
         """``net`` with what ``meta`` (a model's meta, or its ``"sequence"`` part) records
         about its training data; models before the byte field saw fp32 only."""
+        stored = meta.get("feature_range")
         return KernelNet(
-            net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4]))
-        )
+            net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4])),
+            FeatureRange.from_state(stored) if stored is not None else None,
+        )  # fmt: skip
 
     @cached_property
     def head(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return _numpy_layers(self.net.head)
 
+    def priced(self, shards: Sequence[Shard]) -> tuple[torch.Tensor, np.ndarray]:
+        """The features the net prices each shard by, float32 [S, F], and each shard's
+        work in copies of the shard those features describe, float64 [S] (1 inside the
+        trained range).
+
+        A shard wider, or read more times per sample, than any the net was trained on is
+        priced as ``copies`` = (width / widest) x (pooling / largest pooling) shards of the
+        widest width and largest pooling factor trained: a kernel's work is linear in
+        columns x lookups, where clamping would price a 512-column table as a 128-column
+        one. Then every feature is clamped into the trained range: a table smaller than
+        any trained is priced as the smallest one, a sound bound for costs per row and per
+        lookup. Without a recorded range: the shard's own features, one copy."""
+        x = shard_features(shards)  # [S, F]
+        trained = self.trained_range
+        if trained is None:
+            return x, np.ones(len(shards))
+        # in float32, as the features and the range are: a shard at the trained maximum is 1 copy
+        widest, busiest = float(trained.high[WIDTH_FEATURE]), float(trained.high[POOLING_FEATURE])
+        copies = np.maximum(x[:, WIDTH_FEATURE].double().numpy() / widest, 1.0) * np.maximum(
+            x[:, POOLING_FEATURE].double().numpy() / busiest, 1.0
+        )  # [S]
+        beyond = np.flatnonzero(copies > 1)
+        if beyond.size:
+            learned = [
+                replace(s, table=replace(s.table, pooling_factor=min(s.table.pooling_factor, busiest)), width=min(s.width, int(widest)))
+                for s in (shards[i] for i in beyond)
+            ]  # fmt: skip
+            x[torch.as_tensor(beyond)] = shard_features(learned)
+        return trained.clamp(x), copies
+
+    def outside(self, shards: Sequence[Shard]) -> list[list[str]]:
+        """Per shard, its features farther than ``RANGE_TOLERANCE`` outside the trained
+        range, each as "name value (trained low..high)"; all empty without a range."""
+        trained = self.trained_range
+        if trained is None:
+            return [[] for _ in shards]
+        x = shard_features(shards)  # [S, F]
+        far = (trained.clamp(x) - x).abs() / self.norm.std > RANGE_TOLERANCE  # [S, F]
+        low, high = trained.low.tolist(), trained.high.tolist()
+        return [
+            [f"{SHARD_FEATURES[f]} {float(x[i, f]):.4g} (trained {low[f]:.4g}..{high[f]:.4g})" for f in far[i].nonzero().flatten().tolist()]
+            for i in range(len(shards))
+        ]  # fmt: skip
+
     @torch.no_grad()
     def embed(self, shards: Sequence[Shard]) -> np.ndarray:
-        """Shard embeddings plus a last column of ones, float32 [S, embed + 1]: pooled over a
-        device, that column counts its shards in this kernel."""
-        emb = self.net.table(self.norm(shard_features(shards))).numpy()
-        return np.concatenate([emb, np.ones((emb.shape[0], 1), dtype=emb.dtype)], axis=1)
+        """Shard rows, float32 [S, embed + 3] = [the net's embedding of the shard as
+        ``priced`` | the (forward, backward) ms its copies beyond the first add, each priced
+        as that shard alone in a kernel, 0 inside the trained range | 1]. Pooled over a
+        device, the middle columns sum the devices' extra ms and the last counts its shards
+        in this kernel."""
+        features, copies = self.priced(shards)
+        emb = self.net.table(self.norm(features)).numpy()  # [S, embed]
+        extra = np.zeros((len(shards), 2), dtype=emb.dtype)  # [S, 2]
+        beyond = copies > 1
+        if beyond.any():
+            extra[beyond] = np.exp(_numpy_mlp(self.head, emb[beyond])) * (copies[beyond, None] - 1)
+        return np.concatenate([emb, extra, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
 
     def cost(self, pooled: np.ndarray) -> np.ndarray:
-        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, embed + 1];
+        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, embed + 3];
         0 for a kernel of no shards.
 
         A kernel fusing n shards, more than the ``max_tables_per_kernel`` K it was trained
         on, is priced as n / K kernels of K average shards: linear in its work beyond the
         trained range, rather than the net's unbounded extrapolation of a sum it never saw
         (``kernel_size_warning`` says when that happens)."""
-        count = pooled[:, -1:]
+        emb, extra, count = pooled[:, :-3], pooled[:, -3:-1], pooled[:, -1:]  # [N, embed], [N, 2], [N, 1]
         trained = self.max_tables_per_kernel
         if trained and (count > trained).any():
             stretch = np.maximum(count / trained, 1.0)
-            out = np.exp(_numpy_mlp(self.head, pooled[:, :-1] / stretch)) * stretch
+            out = np.exp(_numpy_mlp(self.head, emb / stretch)) * stretch + extra
         else:  # every kernel within the trained size (the search's hot path)
-            out = np.exp(_numpy_mlp(self.head, pooled[:, :-1]))
+            out = np.exp(_numpy_mlp(self.head, emb)) + extra
         return np.where(count > 0, out, 0.0)
 
     @property
     def width(self) -> int:
         """Columns of an ``embed`` row."""
-        return int(self.net.config["embed"]) + 1
+        return int(self.net.config["embed"]) + 3
 
 
 class NeuralComm(CommModel):
@@ -311,10 +423,10 @@ class NeuralCostModel(CostModel):
 
     def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
         """Shard embeddings, pooled-kernel and sequence-kernel columns side by side:
-        [S, Ep + 1 (+ Es + 1)] = [pooled net's embedding | 1 | sequence net's | 1] for a
-        pooled shard (0s in the other kernel's columns), and the reverse for a sequence
-        shard; a model without a sequence net has the pooled columns only. Summed over a
-        device, each kernel's last column counts its shards (see ``device_cost``)."""
+        [S, Ep + 3 (+ Es + 3)] = [pooled kernel's ``KernelNet.embed`` row | sequence
+        kernel's] for a pooled shard (0s in the other kernel's columns), and the reverse for
+        a sequence shard; a model without a sequence net has the pooled columns only. Summed
+        over a device, each kernel's last column counts its shards (see ``device_cost``)."""
         seq = np.asarray([not s.table.pooled for s in shards], dtype=bool)  # [S]
         if seq.any() and self.sequence_kernel is None:
             name = shards[int(np.argmax(seq))].table.name
@@ -356,6 +468,17 @@ class NeuralCostModel(CostModel):
                 "`neuroshard calibrate --world-size D`"
             )
         return self.comm.comm_cost_array(dims, skews_ms)
+
+    def out_of_range(self, tables: Sequence[TableSpec]) -> dict[str, list[str]]:
+        """The features of each of ``tables``, whole (every column), that lie outside the
+        range its kernel's net was trained on (``KernelNet.outside``), by table name in
+        ``tables``' order; tables inside it, or of a kernel without a net, are left out."""
+        found: dict[str, list[str]] = {}
+        for kernel, pooled in ((self.pooled_kernel, True), (self.sequence_kernel, False)):
+            mine = [t for t in tables if t.pooled == pooled]
+            if kernel is not None and mine:
+                found.update((t.name, far) for t, far in zip(mine, kernel.outside([Shard(t, t.dim) for t in mine])) if far)
+        return {t.name: found[t.name] for t in tables if t.name in found}
 
     def save(self, path: str | Path) -> None:
         """Write the model file: the compute net, the sequence net and the neural comm net
@@ -425,9 +548,17 @@ class NeuralCostModel(CostModel):
                 sequence = (seq_net, Normalizer.from_state(blob["sequence_norm"]))
             model = NeuralCostModel(compute, Normalizer.from_state(blob["compute_norm"]), comm, meta, sequence=sequence)
             Hardware.from_record(meta["hardware"])  # a file without a valid hardware record is corrupt
-            return model
         except (KeyError, RuntimeError, TypeError, ValueError) as e:
             raise ShardingError(f"{path}: cost model file is incomplete or corrupt: {e}") from e
+        if any(k is not None and k.trained_range is None for k in (model.pooled_kernel, model.sequence_kernel)):
+            logger.warning(
+                "%s: this cost model file records no range of its training features (it was written before "
+                "torchrec-neuroshard recorded them), so tables outside its training data are priced by the nets' "
+                "unbounded extrapolation, unnoticed. Re-run `neuroshard pretrain` on its data, or record the ranges "
+                "without re-training: torchrec_neuroshard.lab.pretrain.add_feature_ranges(model, rows).save(path)",
+                path,
+            )
+        return model
 
 
 def _check_bytes(shards: Sequence[Shard], seen: Sequence[int], kernel: str) -> None:
@@ -527,6 +658,25 @@ def kernel_size_warning(model: NeuralCostModel, shards_per_device: Sequence[int]
         f"was trained on kernels of at most {trained} tables: its cost there is extrapolated "
         f"linearly from {trained}-table kernels. Collect compute samples with more tables per kernel "
         f"on this hardware (lab.collect MAX_TABLES_PER_SAMPLE) and re-train for plans this dense"
+    )
+
+
+def feature_range_warning(model: NeuralCostModel, tables: Sequence[TableSpec], named: int = 5) -> str | None:
+    """A warning text naming the tables (the first ``named`` of them) and their features
+    that lie outside the data the compute model was trained on (``out_of_range``), or None
+    when every table lies inside it or the model records no ranges."""
+    far = model.out_of_range(tables)
+    if not far:
+        return None
+    listed = "; ".join(f"{name!r}: {', '.join(features)}" for name, features in list(far.items())[:named])
+    more = f"; and {len(far) - named} more" if len(far) > named else ""
+    return (
+        f"{len(far)} table(s) lie outside the data the compute model was trained on ({listed}{more}). They are "
+        "priced as the nearest shards it learned: every feature clamped into its trained range (a table smaller "
+        "than any trained is priced as the smallest), work beyond the widest and most-read shards trained added "
+        "linearly. For plans resting on measured costs, collect compute samples covering such tables on this "
+        "hardware (`neuroshard collect compute`, its pool extended with them: lab.workloads.synthetic_pool) and "
+        "re-train (`neuroshard pretrain`)"
     )
 
 

@@ -12,6 +12,7 @@ multi-table model, which sees fused-kernel effects that per-shard sums cannot::
 
 from __future__ import annotations
 
+import logging
 import numbers
 from typing import Mapping
 
@@ -27,9 +28,11 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingType
 
 from torchrec_neuroshard.comm import AlphaBetaComm
-from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.costmodel import NeuralCostModel, feature_range_warning, load_pretrained
 from torchrec_neuroshard.access import uniform_access_histogram
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, ShardingError, ShardingKind, TableSpec
+
+logger = logging.getLogger(__name__)
 
 
 def _sees_all_lookups(sharding_type: str) -> bool:
@@ -79,7 +82,8 @@ def global_batch(per_rank: int, world: int) -> int:
 class NeuralPerfEstimator(ShardEstimator):
     """Fills ``shard.perf`` (ms, finite, >= 0) of every sharding option from the model.
 
-    Compute is the model's fused-kernel cost of the shard alone; comms is the shard's
+    Compute is the model's fused-kernel cost of the shard alone (tables outside the data
+    the model was trained on: one warning per ``estimate`` names them); comms is the shard's
     marginal all-to-all cost (the device's cost with the shard's width minus without it,
     the other devices idle). Per-shard numbers cannot see which shards end up together:
     pair with ``NeuralPerfModel`` to rate whole plans.
@@ -112,6 +116,10 @@ class NeuralPerfEstimator(ShardEstimator):
         world = self.topology.world_size
         batch = global_batch(sharding_options[0].batch_size if self.batch_size is None else self.batch_size, world)
         model = self.model.with_batch_size(batch)
+        whole = {o.name: _shard_spec(o, o.tensor.shape[0], o.tensor.shape[1], batch, 1.0, self.access_hists).table for o in sharding_options}
+        outside = feature_range_warning(model, list(whole.values()))
+        if outside:
+            logger.warning("%s", outside)
         for option in sharding_options:
             shards = _option_shards(option, world, batch, self.access_hists)
             compute = np.asarray(model.compute_cost([[s] for s in shards]), dtype=np.float64)

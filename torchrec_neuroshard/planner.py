@@ -23,14 +23,20 @@ from torchrec.distributed.planner.storage_reservations import FixedPercentageSto
 from torchrec.distributed.planner.types import ParameterConstraints, PlanDebugStats, StorageReservation, Topology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
-from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, cost_model_for, kernel_size_warning
+from torchrec_neuroshard.costmodel import (
+    NeuralCostModel,
+    check_world_size,
+    cost_model_for,
+    feature_range_warning,
+    kernel_size_warning,
+)
 from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats, stats_list, torchrec_sharding_options
 from torchrec_neuroshard.tables import module_tables
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
-from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TableChoices, Task
+from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
 
 logger = logging.getLogger(__name__)
 STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
@@ -63,7 +69,9 @@ class NeuroShardPlanner(ShardingPlanner):
             default the shipped model for the topology's compute device and this machine
             (``costmodel.cost_model_for``: a hardware mismatch is warned about, a GPU model
             without comm gets the alpha-beta stand-in from the topology). Loaded on the
-            first plan.
+            first plan. Tables outside the data it was trained on are priced as the
+            nearest shards it learned, and one warning per plan names them
+            (``costmodel.feature_range_warning``).
         search_config: the search's knobs (beam width, scales, ...).
         storage_reservation: a TorchRec ``StorageReservation`` (e.g. its default planner's
             ``HeuristicalStorageReservation(percentage=0.15)``), or a fraction of every rank's
@@ -78,8 +86,8 @@ class NeuroShardPlanner(ShardingPlanner):
             our shards and ranks, TorchRec's storage estimate of them, our predicted perf).
         access_hists: measured access histograms by table (``profile_batches``).
 
-    After ``plan``: ``plan_`` (our ``Plan``), ``task_`` (the searched tables as a ``Task``
-    at the global batch) and ``search_result_`` (None for both when no table was searched).
+    After ``plan``: ``plan_`` (our ``Plan``), ``task_`` (every table as a ``Task`` at the
+    global batch) and ``search_result_`` (None for both when no table was searched).
     """
 
     def __init__(
@@ -120,12 +128,12 @@ class NeuroShardPlanner(ShardingPlanner):
         cap = self._memory_cap(module, sharders)
         decided = triage(tables, world, self.topology.local_world_size, cap, self._global_batch())
         for name, why in decided.reasons:
-            logger.info("table %s: %s (TorchRec's sharding; not in the predicted cost)", name, why)
+            logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
         self.search_result_ = self.task_ = None
         placements = decided.decided
         if decided.searched:
-            self.search_result_ = self._search(decided)
-            placements = self.search_result_.plan.placements + placements
+            self.search_result_ = self._search(decided, sorted((t.spec for t in tables), key=lambda s: s.name), cap)
+            placements = self.search_result_.plan.placements
         self.plan_ = Plan(placements, world)
         if self.search_result_ is not None:
             table = format_plan_stats(
@@ -202,19 +210,20 @@ class NeuroShardPlanner(ShardingPlanner):
                 debug_stats=PlanDebugStats(planner_type=type(self).__name__, timeout_seconds=None),
             )
 
-    def _search(self, decided: Triage) -> SearchResult:
-        """Place the searched tables; a split table whose constraints allow only
-        table_column_wise is labelled so."""
-        task = self.task_ = Task(
-            tuple(t.spec for t in decided.searched), self.topology.world_size, decided.search_cap_bytes, self._global_batch()
-        )
+    def _search(self, decided: Triage, tables: Sequence[TableSpec], cap: int) -> SearchResult:
+        """Place the searched tables around the decided ones (all priced in the whole
+        step); a split table whose constraints allow only table_column_wise is labelled so."""
+        task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch())
         # the step parts were measured on pooled kernels: sequence tables stay table/column-wise
         choices = {
             t.spec.name: TableChoices.of(t.allowed if t.pooled else t.allowed & COLUMN_KINDS, t.spec.dim, t.min_width)
             for t in decided.searched
         }
         model = self._cost_model()
-        result = search(task, model, self.search_config, choices)
+        outside = feature_range_warning(model, [t.spec for t in decided.searched])
+        if outside:
+            logger.warning("%s", outside)
+        result = search(task, model, self.search_config, choices, decided.decided)
         crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
         if crowded:
             logger.warning("%s", crowded)

@@ -8,6 +8,11 @@ may be split by rows and would take half a device's fair share or more is a row-
 candidate; a grid over how many of each (best scores first) is priced by the whole step
 (``stepcost.predict_step``) of a quick greedy placement, and the cheapest set is fixed.
 
+Column splits: the greedy runs price a device's shards as one kernel and one all-to-all,
+but TorchRec runs a lookup group (kernel, input distribution, all-to-all) per sharding
+kind, so a column-wise split adds a group. The beam's best plan of every depth is priced
+with the whole step beside the heuristics' plans, and the cheapest goes on.
+
 Costs come from a ``CostModel`` whose compute is additive in an embedding space, so a
 device's running shard set is one summed vector: adding a shard is a vector add and one
 evaluation of the small head, and every greedy run of one beam step (states x scales)
@@ -517,6 +522,7 @@ def search(
     model: CostModel,
     config: SearchConfig = SearchConfig(),
     choices: Mapping[str, TableChoices] | None = None,
+    fixed: Sequence[TablePlacement] = (),
 ) -> SearchResult:
     """Find a low-cost plan for ``task`` under ``model``'s predictions, scaled to the
     task's batch.
@@ -526,6 +532,9 @@ def search(
             TorchRec constraints); a table not named gets everything TorchRec's default
             sharder offers. Replication and row splits are only chosen when the model has
             the step parts to price them (``stepcost``).
+        fixed: placements decided before the search (e.g. a table its constraints only let
+            replicate, or one larger than a rank split by rows over all ranks): kept as they
+            are, the rest placed in the memory they leave, all priced in the whole step.
 
     Raises:
         InfeasibleError: no split and placement fits the memory cap; names the table.
@@ -533,23 +542,32 @@ def search(
     # The search's matrices are small: one BLAS thread is faster than several, and
     # far faster when the other cores are busy.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _search(task, model.with_batch_size(task.batch_size), config, choices or {})
+        return _search(task, model.with_batch_size(task.batch_size), config, choices or {}, tuple(fixed))
 
 
-def _search(task: Task, model: CostModel, config: SearchConfig, choices: Mapping[str, TableChoices]) -> SearchResult:
+def _search(
+    task: Task, model: CostModel, config: SearchConfig, choices: Mapping[str, TableChoices], given: tuple[TablePlacement, ...]
+) -> SearchResult:
     t0 = time.perf_counter()
     embed = CachedEmbedder(model)
+    unknown = sorted({p.table for p in given} - {t.name for t in task.tables})
+    if unknown:
+        raise ValueError(f"fixed placements name tables {unknown} that are not in the task")
+    if len(given) == len(task.tables):  # nothing left to place
+        plan = Plan(given, task.num_devices)
+        plan.validate(task)
+        prediction = predict_step(model, task, plan, embed)
+        return SearchResult(plan, prediction.cost_ms, prediction.devices, 0, time.perf_counter() - t0)
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
-    fixed = _choose_kinds(task, model, config, choice, embed)
+    fixed = _choose_kinds(task, model, config, choice, embed, given)
     searched, evaluated = _place(task, model, config, choice, fixed, embed)
-    candidates = [(searched, fixed)]
+    candidates = [(p, fixed) for p in searched]
     if config.seed_with_baselines and fixed:
         candidates += [(p, fixed) for p in _feasible_baselines(_rest_task(task, fixed))]
     if config.seed_with_baselines:
-        candidates += [(p, ()) for p in _feasible_baselines(task)]
-    candidates = [(p, f) for p, f in candidates if p is not None]
+        candidates += [(p, given) for p in _feasible_baselines(_rest_task(task, given))]
     if not candidates:
-        raise _shortfall(task, model, config, embed)
+        raise _shortfall(_rest_task(task, given), model, config, embed)
     costs = [predict_step(model, task, _with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
     plan, fixed = candidates[int(np.argmin(costs))]
     rest = _rest_task(task, fixed)
@@ -607,29 +625,37 @@ def _shortfall(task: Task, model: CostModel, config: SearchConfig, embed: Embedd
 
 
 def _choose_kinds(
-    task: Task, model: CostModel, config: SearchConfig, choice: Mapping[str, TableChoices], embed: Embedder
+    task: Task,
+    model: CostModel,
+    config: SearchConfig,
+    choice: Mapping[str, TableChoices],
+    embed: Embedder,
+    given: tuple[TablePlacement, ...],
 ) -> tuple[TablePlacement, ...]:
-    """The tables to replicate or split by rows (see the module docstring); () when the
-    model cannot price either, or on one device."""
+    """The ``given`` placements and the tables to replicate or split by rows beside them
+    (see the module docstring); ``given`` alone when the model cannot price either, or on
+    one device."""
     world = task.num_devices
     parts = model.step_parts
     if world == 1 or parts is None:
-        return ()
+        return given
+    given_names = {p.table for p in given}
+    open_tables = [(i, t) for i, t in enumerate(task.tables) if t.name not in given_names]
     keys = _Keys(task, model, embed)
-    keys.ensure([(i, t.dim) for i, t in enumerate(task.tables)])
-    single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in enumerate(task.tables)}
+    keys.ensure([(i, t.dim) for i, t in open_tables])
+    single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in open_tables}
     fair = sum(single.values()) / world
     dp: list[TableSpec] = []
     if parts.has(*DATA_PARALLEL_PARTS):
         base = sum(data_parallel_ms(parts, [], task.batch_size, world).values())
         gain = {
             t.name: single[t.name] / world - (sum(data_parallel_ms(parts, [t], task.batch_size, world).values()) - base)
-            for t in task.tables
+            for _, t in open_tables
         }
         dp = sorted(
             (
                 t
-                for t in task.tables
+                for _, t in open_tables
                 if choice[t.name].data_parallel
                 and Shard(t, t.dim).memory_bytes(ShardingKind.DATA_PARALLEL, task.batch_size, world) < task.memory_cap_bytes
             ),
@@ -638,16 +664,16 @@ def _choose_kinds(
     rw: list[TableSpec] = []
     if parts.has(*ROW_WISE_PARTS):
         rw = sorted(
-            (t for t in task.tables if choice[t.name].row_wise and t.rows >= world and single[t.name] >= fair / 2),
+            (t for _, t in open_tables if choice[t.name].row_wise and t.rows >= world and single[t.name] >= fair / 2),
             key=lambda t: (-single[t.name], t.name),
         )
     grid = []
-    for n_rw in sorted({min(k, len(rw), len(task.tables) - 1) for k in config.row_wise_grid}):  # one table stays sharded
+    for n_rw in sorted({min(k, len(rw), len(open_tables) - 1) for k in config.row_wise_grid}):  # one table stays sharded
         rows = [TablePlacement.row_blocks(t, range(world)) for t in rw[:n_rw]]
         taken = {p.table for p in rows}
-        replicable = [t for t in dp if t.name not in taken][: len(task.tables) - n_rw - 1]
+        replicable = [t for t in dp if t.name not in taken][: len(open_tables) - n_rw - 1]
         for n_dp in sorted({min(k, len(replicable)) for k in config.data_parallel_grid}):
-            grid.append(tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp]))
+            grid.append(given + tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp]))
     # one greedy placement of the whole tables around every choice, in lockstep
     # (a choice whose fixed tables leave no memory has a cap <= 0: all its runs die)
     states = []
@@ -664,7 +690,7 @@ def _choose_kinds(
         cost = predict_step(model, task, _with_fixed(placed, fixed, task), embed).cost_ms
         if best is None or cost < best[0] - 1e-9:
             best = (cost, fixed)
-    return best[1] if best is not None else ()
+    return best[1] if best is not None else given
 
 
 def _place(
@@ -674,9 +700,14 @@ def _place(
     choice: Mapping[str, TableChoices],
     fixed: Sequence[TablePlacement],
     embed: Embedder,
-) -> tuple[Plan | None, int]:
+) -> tuple[list[Plan], int]:
     """The beam search over column splits of the tables not in ``fixed``: the best plan of
-    those tables (None if no run fit memory) and the number of split states scored."""
+    those tables at every depth that improved on the shallower ones (no split first; [] if
+    no run fit memory), and the number of split states scored.
+
+    The greedy runs price a device's shards as one kernel and one all-to-all, but every
+    column-wise table adds a lookup group (a second kernel and set of collectives), so the
+    caller re-prices each depth's best with the whole step."""
     task = _rest_task(task, fixed)
     min_w = [max(WIDTH_ALIGNMENT, choice[t.name].min_width) for t in task.tables]
     keys = _Keys(task, model, embed)
@@ -684,7 +715,7 @@ def _place(
     keys.ensure(_state_keys(root))
     runs = _greedy_runs(task, model, keys, [root], config.scales)
     best_cost = float(runs.cost.min())
-    best = (runs, int(runs.cost.argmin()))
+    plans = [_plan_of(task, keys, runs, int(runs.cost.argmin()))] if math.isfinite(best_cost) else []
     beam = [root]
     seen = {root}
     evaluated = 1
@@ -704,6 +735,5 @@ def _place(
         i = int(ranked[0])
         if state_cost[i] < best_cost:
             best_cost = float(state_cost[i])
-            best = (runs, i * len(config.scales) + int(per_state[i].argmin()))
-    plan = _plan_of(task, keys, *best) if math.isfinite(best_cost) else None
-    return plan, evaluated
+            plans.append(_plan_of(task, keys, runs, i * len(config.scales) + int(per_state[i].argmin())))
+    return plans, evaluated

@@ -3,10 +3,12 @@
 What DistributedModelParallel runs on each rank for one step, as the evaluator
 (``lab/evaluate.py``) measures it, priced part by part:
 
-- column group (table-wise and column-wise shards): the KJT input distribution, one fused
-  kernel over the device's shards at the global batch (the compute net), the pooled
-  all-to-all forward (entered with the device's compute lateness) and backward (the comm
-  model);
+- column groups, one per kind (table-wise, column-wise, table-column-wise: TorchRec gives
+  each sharding type its own lookup module): per group, the KJT input distribution, one
+  fused kernel over the device's shards at the global batch (the compute net), the pooled
+  all-to-all forward (the first group's entered with the device's compute lateness) and
+  backward (the comm model). Splitting one table by columns thus adds a second kernel and
+  a second set of collectives to a plan of whole tables;
 - row-wise group: the bucketised input distribution, one kernel over the device's row
   blocks (each block sees about 1/D of its table's lookups), the reduce-scatter of the
   pooled partial sums forward and their all-gather backward;
@@ -104,7 +106,8 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     parts = model.step_parts
     by_name = {t.name: t for t in task.tables}
 
-    column: list[list[Shard]] = [[] for _ in range(world)]
+    # one lookup group per column kind (TorchRec runs a kernel and a set of collectives for each)
+    column: dict[ShardingKind, list[list[Shard]]] = {}
     blocks: list[list[Shard]] = [[] for _ in range(world)]
     replicated: list[TableSpec] = []
     for p in plan.placements:
@@ -112,14 +115,18 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
         if p.kind is ShardingKind.DATA_PARALLEL:
             replicated.append(table)
         elif p.kind.splits_columns:
+            group = column.setdefault(p.kind, [[] for _ in range(world)])
             for w, d in zip(p.widths, p.devices):
-                column[d].append(Shard(table, w))
+                group[d].append(Shard(table, w))
         else:
             for r, d in zip(p.rows, p.devices):
                 if r > 0:
                     blocks[d].append(Shard(row_block_spec(table, r, len(p.devices)), table.dim))
+    groups = [column[k] for k in ShardingKind if k in column]
 
-    col = np.asarray(model.compute_cost(column, embed), dtype=np.float64)  # [D, 2]
+    # every group's kernel on every device, in one prediction: [G * D, 2] -> [D, 2]
+    kernels = model.compute_cost([dev for group in groups for dev in group], embed)
+    col = np.asarray(kernels, dtype=np.float64).reshape(len(groups), world, 2).sum(0)
     rw = np.asarray(model.compute_cost(blocks, embed), dtype=np.float64)  # [D, 2]
     out: dict[str, np.ndarray] = {
         "column_fwd": col[:, 0], "column_bwd": col[:, 1], "row_fwd": rw[:, 0], "row_bwd": rw[:, 1],
@@ -134,8 +141,8 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
 
     # input distributions
     out["input_dist"] = zeros
-    if world > 1 and (any(column) or any(blocks)) and parts is not None and parts.has("input_dist"):
-        out["input_dist"] = _input_dist(parts, column, world, local) + _input_dist(parts, blocks, world, local)
+    if world > 1 and parts is not None and parts.has("input_dist"):
+        out["input_dist"] = sum((_input_dist(parts, g, world, local) for g in (*groups, blocks)), zeros)
 
     # row-wise collectives: every rank holds the global batch's partial sums of every block
     out["reduce_scatter"] = out["all_gather"] = zeros
@@ -145,13 +152,16 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
         for op in ("reduce_scatter", "all_gather"):
             out[op] = np.full(world, parts.predict(op, collective_features(op, world, nbytes))[0])
 
-    # the pooled all-to-all of the column group, entered when the device's forward is done
+    # each column group's pooled all-to-all; the first is entered when the device's forward
+    # is done (its lateness is waited for once), the others follow in step
     fwd_ready = out["input_dist"] + col[:, 0] + rw[:, 0] + out["dp_fwd"]
-    dims = np.asarray([plan.device_dims()], dtype=np.float64)
-    if world > 1 and dims.any():
-        a2a = model.comm_cost_array(dims, (fwd_ready - fwd_ready.min())[None])[0]
-    else:
-        a2a = np.zeros((world, 2))
+    a2a = np.zeros((world, 2))
+    if world > 1:
+        skew = fwd_ready - fwd_ready.min()
+        for group in groups:
+            dims = np.asarray([[sum(s.width for s in dev) for dev in group]], dtype=np.float64)  # [1, D]
+            a2a = a2a + model.comm_cost_array(dims, skew[None])[0]
+            skew = np.zeros(world)
     out["a2a_fwd"], out["a2a_bwd"] = a2a[:, 0].astype(np.float64), a2a[:, 1].astype(np.float64)
 
     fwd_compute = col[:, 0] + rw[:, 0] + out["dp_fwd"]

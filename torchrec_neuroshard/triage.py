@@ -25,13 +25,12 @@ ROW_KINDS = frozenset(k for k in ShardingKind if k.splits_rows)
 
 @dataclass(frozen=True)
 class Triage:
-    """The searched tables (sorted by name), the decided placements, why each decided
-    table was decided, and the memory per rank the searched tables may use."""
+    """The searched tables (sorted by name), the decided placements and why each decided
+    table was decided."""
 
     searched: tuple[ModuleTable, ...]
     decided: tuple[TablePlacement, ...]
     reasons: tuple[tuple[str, str], ...]
-    search_cap_bytes: int
 
 
 def triage(
@@ -73,10 +72,9 @@ def triage(
     decided_names = {p.table for p in decided}
     fixed_tables = [t.spec for t in tables if t.spec.name in decided_names]
     fixed_memory = max(Plan(tuple(decided), world_size).device_memory(fixed_tables, batch_size), default=0)
-    search_cap = cap_bytes - fixed_memory
-    if searched and search_cap <= 0:
+    if searched and fixed_memory >= cap_bytes:
         raise ShardingError(
             f"the topology's memory fits nothing: {cap_bytes:,} bytes per rank after reservations, "
             f"all taken by replicated or row-wise tables ({fixed_memory:,} bytes on the fullest rank)"
         )
-    return Triage(tuple(searched), tuple(decided), tuple(reasons), search_cap)
+    return Triage(tuple(searched), tuple(decided), tuple(reasons))

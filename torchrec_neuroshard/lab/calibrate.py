@@ -25,7 +25,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
+from torchrec_neuroshard.costmodel import FeatureRange, NeuralComm, NeuralCostModel
 from torchrec_neuroshard.lab.collect import draw_compute_sample, iter_kind, shard_from_record
 from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
@@ -115,6 +115,8 @@ def fine_tune(
     normalisation, early-stopped on ``HOLDOUT`` of the rows. A comm part the base lacks
     (a GPU model's alpha-beta stand-in) is trained from scratch on the comm rows; the
     base's sequence-kernel net is kept as it is (calibration measures pooled kernels).
+    The compute net's feature range grows by the fine-tuning samples' (both are samples
+    of the same kernel the net learned; a base without a range gets theirs).
     ``meta["calibration"]`` records the base, the sample counts, the time, and the held-out
     error before and after."""
     t0 = time.perf_counter()
@@ -149,6 +151,9 @@ def fine_tune(
         max_tables_per_kernel=max(meta.get("max_tables_per_kernel", 0), max(len(r["shards"]) for r in compute_rows)),
         seed=seed,
     )
+    tuned = FeatureRange.fit(data.subset(train).x)
+    base_range = base.pooled_kernel.trained_range
+    meta["feature_range"] = (tuned if base_range is None else base_range.union(tuned)).state()
     meta.pop("test", None)  # the base's test split is another machine's
     meta.pop("hardware_note", None)
 

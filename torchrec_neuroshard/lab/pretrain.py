@@ -5,7 +5,8 @@
 Samples are split 80/10/10 into train/validation/test by sample group (a group is one
 drawn table set or comm layout; re-measurements of it share the group), features are
 z-normalised with training statistics that are saved in the model, and the checkpoint
-with the best validation loss is kept (early stopping).
+with the best validation loss is kept (early stopping). The model also records the range
+of every compute feature its nets were trained on (``costmodel.FeatureRange``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from torchrec_neuroshard.costmodel import (
     DEVICE_FEATURES,
     CommNet,
     ComputeNet,
+    FeatureRange,
     NeuralComm,
     NeuralCostModel,
     Normalizer,
@@ -390,7 +392,7 @@ def pretrain(
     compute samples (``pooling_mode: none``), and the comm model if they hold comm samples,
     on measured rows, and fit the step parts ``rows`` hold samples of (``fit_step_parts``,
     stored in ``meta["step_parts"]``); the model's meta holds the hardware, the nets'
-    constructor args and the test metrics (``test.compute``, ``test.sequence_compute``,
+    constructor args, the range of each compute net's training features and the test metrics (``test.compute``, ``test.sequence_compute``,
     ``test.comm``, ``test.step_parts``).
 
     ``exclude_world_sizes`` drops those world sizes from training and validation (their
@@ -469,17 +471,47 @@ def _train_kernel(
     """The compute net of one kernel kind trained on its rows (split 80/10/10 by group),
     from ``start``'s weights and normaliser when given: (net, normaliser, what the model's
     meta records of it, its test metrics)."""
-    data = load_compute_data(rows, pooled)
-    tr, va, te = _pretraining_split(data.group, seed, "compute")
+    data, (tr, va, te) = _kernel_split(rows, pooled, seed)
     net, norm, log = train_compute(data.subset(tr), data.subset(va), epochs, seed, progress=progress, start=start)
     mine = kernel_rows(rows, pooled)
     meta = {
         "max_tables_per_kernel": max(len(r["shards"]) for r in mine),
         "bytes_per_element_trained": sorted({int(sh.get("bytes_per_element", 4)) for r in mine for sh in r["shards"]}),
+        "feature_range": FeatureRange.fit(data.subset(tr).x).state(),
         "compute_config": net.config,
         "compute_train": {k: v for k, v in log.items() if k != "history"},
     }
     return net, norm, meta, compute_metrics(net, norm, data.subset(te))
+
+
+def _kernel_split(rows: Sequence[dict], pooled: bool, seed: int) -> tuple[ComputeData, tuple[np.ndarray, ...]]:
+    """The compute samples of one kernel kind and their (train, validation, test) masks."""
+    data = load_compute_data(rows, pooled)
+    return data, _pretraining_split(data.group, seed, "compute")
+
+
+def add_feature_ranges(model: NeuralCostModel, rows: Sequence[dict]) -> NeuralCostModel:
+    """``model`` with the range of each compute net's training features recorded, taken
+    from the ``rows`` it was pre-trained on (split with its seed, as ``pretrain`` split
+    them): for a model file written before ranges were recorded. The nets are untouched.
+
+    Refuses rows whose pooled training split does not reproduce the model's normaliser
+    bit for bit: they are not the samples it was trained on (nor is a calibrated model's
+    normaliser, its base's: re-calibrate it from a base that records ranges)."""
+    seed = int(model.meta["seed"])
+    data, (train, _, _) = _kernel_split(rows, True, seed)
+    trained = data.subset(train).x
+    fitted = Normalizer.fit(trained)
+    if not (torch.equal(fitted.mean, model.compute_norm.mean) and torch.equal(fitted.std, model.compute_norm.std)):
+        raise ShardingError(
+            "these rows are not the samples the model was pre-trained on: their training split (seed "
+            f"{seed}) does not reproduce its feature normaliser; give the data files its `neuroshard pretrain` read"
+        )
+    meta = {**model.meta, "feature_range": FeatureRange.fit(trained).state()}
+    if model.sequence_kernel is not None:
+        data, (train, _, _) = _kernel_split(rows, False, seed)
+        meta["sequence"] = {**meta["sequence"], "feature_range": FeatureRange.fit(data.subset(train).x).state()}
+    return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
 
 
 def _metrics(tree: dict, prefix: str = "") -> Iterator[tuple[str, float]]:
