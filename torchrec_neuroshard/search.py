@@ -562,7 +562,7 @@ def _search(
     fixed = _choose_kinds(task, model, config, choice, embed, given)
     searched, evaluated = _place(task, model, config, choice, fixed, embed)
     candidates = [(p, fixed) for p in searched]
-    if config.seed_with_baselines and fixed:
+    if config.seed_with_baselines and fixed != given:  # around the chosen kinds too
         candidates += [(p, fixed) for p in _feasible_baselines(_rest_task(task, fixed))]
     if config.seed_with_baselines:
         candidates += [(p, given) for p in _feasible_baselines(_rest_task(task, given))]
