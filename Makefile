@@ -39,6 +39,7 @@ data: venv
 	$(BIN)/neuroshard collect step --kinds input_dist --samples 80 --out runs/cpu_step.jsonl
 	$(BIN)/neuroshard collect step --kinds all_reduce reduce_scatter all_gather --samples 60 --out runs/cpu_step.jsonl
 	$(BIN)/neuroshard collect step --kinds dp --samples 100 --out runs/cpu_step.jsonl
+	$(BIN)/neuroshard collect step --kinds dp_small --samples 60 --out runs/cpu_step.jsonl
 	$(BIN)/neuroshard collect compute --samples 10000 --out runs/cpu_compute.jsonl
 	$(BIN)/neuroshard collect compute --precision fp16 --seed 2 --samples 800 --out runs/cpu_compute_fp16.jsonl
 	$(BIN)/neuroshard collect compute --pooling none --seed 3 --samples 800 --out runs/cpu_compute_sequence.jsonl

@@ -34,14 +34,14 @@ def test_step_samples_record_raw_quantities_and_resume(step_file: Path) -> None:
     assert all(len(v) == SAMPLES for v in by_kind.values())
     for r in rows:
         assert r["world_size"] == 2 and r["hardware"]["device"] == "cpu"
-        times = r["ms"] if r["kind"] != "dp" else [r["fwd_ms"], r["bwd_ms"]]
+        times = [r["fwd_ms"], r["bwd_ms"]] if r["kind"] in ("dp", "dp_small") else r["ms"]
         assert all(t > 0 for t in times)
     first = by_kind["input_dist"][0]
     # what rank 0 sends rank 1: 2 int64 splits, int32 lengths, int64 indices
     assert first["send_bytes"][0] == 2 * 8 + 4 * first["lengths"][0][1] + 8 * first["values"][0][1]
     assert first["send_bytes"][0] == first["recv_bytes"][1]
     assert all(r["nbytes"] > 0 and r["max_ms"] == max(r["ms"]) for k in STEP_KINDS[1:4] for r in by_kind[k])
-    assert all(r["local_batch"] == 256 and len(r["lookups"]) == len(r["tables"]) for r in by_kind["dp"])
+    assert all(r["local_batch"] == 256 and len(r["lookups"]) == len(r["tables"]) for k in ("dp", "dp_small") for r in by_kind[k])
     before = step_file.read_text()
     collect_step(step_file, SAMPLES, world_sizes=(2,), scale=SMALL, progress=False)  # resumes: nothing to add
     assert step_file.read_text() == before
@@ -70,3 +70,51 @@ def test_linear_part_refuses_too_few_or_non_positive_timings() -> None:
     with pytest.raises(ShardingError, match="does not match|do not match"):
         LinearPart.fit("input_dist", x, np.ones(8))
     assert LinearPart.fit("all_reduce", x, np.full(8, 2.0)).predict(x[:1])[0] == pytest.approx(2.0)
+
+
+def test_small_dp_samples_hold_small_tables_and_count_toward_both_dp_parts(step_file: Path) -> None:
+    from torchrec_neuroshard.lab.collect_step import DP_SMALL_ROWS, MAX_DP_SMALL_TABLES
+
+    rows = read_rows(step_file)
+    small = [r for r in rows if r["kind"] == "dp_small"]
+    assert all(1 <= len(r["tables"]) <= MAX_DP_SMALL_TABLES for r in small)
+    assert all(DP_SMALL_ROWS[0] <= t["rows"] <= DP_SMALL_ROWS[1] for r in small for t in r["tables"])
+    data = load_step_data(rows)
+    dp = sum(r["kind"] == "dp" for r in rows)
+    assert len(data["dp_fwd"]) == len(data["dp_bwd"]) == dp + len(small)
+    assert len(np.unique(data["dp_fwd"].group)) == dp + len(small)  # a small sample is a group of its own
+
+
+def test_dp_forward_counts_lookups_into_uncached_tables_apart() -> None:
+    from torchrec_neuroshard.steparts import DP_CACHED_TABLE_MB, MB, dp_features
+
+    big_rows = int(2 * DP_CACHED_TABLE_MB * MB / (4 * 16)) + 1  # a 16-column table over the knee
+    one, lookup, output, over = dp_features("dp_fwd", [1000.0, 3000.0], [16, 16], [100, big_rows], 64, 4)
+    assert (one, lookup, over) == (1.0, pytest.approx(4000 * 16 * 4 / MB), pytest.approx(3000 * 16 * 4 / MB))
+    assert output == pytest.approx(64 * 32 * 4 / MB)
+    with pytest.raises(ValueError, match="one of each per table"):
+        dp_features("dp_fwd", [1.0], [16, 16], [100, 100], 64, 4)
+
+
+def test_a_tiny_hot_replicated_table_is_priced_near_its_measured_kernel() -> None:
+    """A 1,000-row, 64-column table read 10 times per sample, replicated on 2 ranks at the
+    CPU scale: the shipped parts price its dense kernel near what the kernel measures here
+    (the parts fitted before `dp_small` samples priced its forward at ~2.4x, the lookups of
+    the pool's large tables). A slower machine only lowers the ratios."""
+    import torch
+
+    from torchrec_neuroshard.access import uniform_access_histogram
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.lab.evaluate import _local_lookups
+    from torchrec_neuroshard.lab.measure_compute import measure_replicated_compute
+    from torchrec_neuroshard.lab.workloads import lookups_for
+    from torchrec_neuroshard.stepcost import data_parallel_ms
+    from torchrec_neuroshard.types import TableSpec
+
+    batch, world = 4096, 2
+    table = TableSpec("hot", 1000, 64, 10.0, tuple(uniform_access_histogram(1000, 10.0 * batch)))
+    bags = _local_lookups(lookups_for(table, batch, seed=0), 0, batch // world)
+    m = measure_replicated_compute([table], {"hot": bags}, torch.device("cpu"), 3, 9)
+    pred = data_parallel_ms(load_pretrained("cpu").step_parts, [table], batch, world)
+    assert pred["dp_fwd"] / m.fwd.median_ms < 2.0
+    assert 1 / 3 < (pred["dp_fwd"] + pred["dp_bwd"]) / (m.fwd.median_ms + m.bwd.median_ms) < 2.0

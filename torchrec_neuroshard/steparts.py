@@ -31,7 +31,7 @@ PART_FEATURES: dict[str, tuple[str, ...]] = {
     "all_reduce": ("one", "peers", "ring_mb"),
     "reduce_scatter": ("one", "peers", "ring_mb"),
     "all_gather": ("one", "peers", "ring_mb"),
-    "dp_fwd": ("one", "lookup_mb", "output_mb"),
+    "dp_fwd": ("one", "lookup_mb", "output_mb", "lookup_mb_over_cache"),
     "dp_bwd": ("one", "lookup_mb", "output_mb", "table_mb", "table_mb_over_knee"),
 }
 """The features of every part, in column order."""
@@ -43,6 +43,13 @@ DP_UPDATE_KNEE_MB = 32.0
 3x more per MB (measured on the 2-core AMD EPYC, ``cpu_step.jsonl.gz``: ~0.3 ms/MB below,
 ~0.9 above; its L3 is 32 MiB, and glibc serves allocations above 32 MB by fresh mmaps, so
 each step's dense gradient page-faults). ``dp_bwd``'s last feature is the MB beyond it."""
+
+DP_CACHED_TABLE_MB = 1.0
+"""A forward lookup into a table of at most this many MB costs less per MB read than one
+into a larger table (its rows stay in cache: the 2-core AMD EPYC has 512 KiB of L2 a core).
+``dp_fwd``'s last feature is the MB read from larger tables. Chosen on the validation split
+of ``cpu_step.jsonl.gz`` ("dp" and "dp_small" rows) by ``python -m benchmarks.dp_cache_knee``
+(results in benchmarks/results/dp_cache_knee.md)."""
 
 
 def input_dist_features(world_size: int, send_bytes: float, recv_bytes: float) -> list[float]:
@@ -60,24 +67,44 @@ def collective_features(op: str, world_size: int, nbytes: float) -> list[float]:
     return [1.0, float(world_size - 1), share * nbytes / MB]
 
 
-def dp_features(part: str, lookup_elements: float, output_elements: float, table_elements: float, bytes_per_element: int) -> list[float]:
+def dp_features(
+    part: str,
+    lookups: Sequence[float],
+    dims: Sequence[int],
+    rows: Sequence[int],
+    local_batch: float,
+    bytes_per_element: int,
+    cached_table_mb: float = DP_CACHED_TABLE_MB,
+) -> list[float]:
     """One dense TBE over one module's data-parallel tables at the local batch.
 
     Args:
-        lookup_elements: summed over its tables, the local batch's lookups x the table's dim
-            (the weight elements read forward, and whose gradients are written backward);
-        output_elements: local batch x the summed dims (the pooled output);
-        table_elements: rows x dim summed over its tables (the dense gradient and the update;
-            the MB beyond ``DP_UPDATE_KNEE_MB`` are a feature of their own).
+        lookups: each table's lookups in the local batch (each reads, forward, and writes
+            the gradient of, backward, ``dim`` weight elements);
+        dims, rows: each table's width and rows;
+        local_batch: the samples of the local batch (the pooled output is local batch x the
+            summed dims);
+        cached_table_mb: the knee of ``lookup_mb_over_cache`` (``DP_CACHED_TABLE_MB``; other
+            values only to choose it, ``benchmarks/dp_cache_knee.py``).
+
+    Features: ``lookup_mb`` (the weights the lookups read), ``output_mb``, and forward
+    ``lookup_mb_over_cache``, the part of ``lookup_mb`` read from tables larger than
+    ``DP_CACHED_TABLE_MB``; backward ``table_mb`` (the dense gradient and the update of the
+    whole weights) and the MB of them beyond ``DP_UPDATE_KNEE_MB``.
     """
-    lookup_mb = lookup_elements * bytes_per_element / MB
-    output_mb = output_elements * 4 / MB
+    if not len(lookups) == len(dims) == len(rows):
+        raise ValueError(f"dp_features: {len(lookups)} lookups, {len(dims)} dims and {len(rows)} rows; one of each per table")
+    table_mb = [r * d * bytes_per_element / MB for r, d in zip(rows, dims)]  # [T]
+    read_mb = [n * d * bytes_per_element / MB for n, d in zip(lookups, dims)]  # [T]
+    lookup_mb = sum(read_mb)
+    output_mb = local_batch * sum(dims) * 4 / MB
     if part == "dp_fwd":
-        return [1.0, lookup_mb, output_mb]
+        over_cache = sum(m for m, t in zip(read_mb, table_mb) if t > cached_table_mb)
+        return [1.0, lookup_mb, output_mb, over_cache]
     if part == "dp_bwd":
-        table_mb = table_elements * bytes_per_element / MB
-        return [1.0, lookup_mb, output_mb, table_mb, max(0.0, table_mb - DP_UPDATE_KNEE_MB)]
-    raise ValueError(f"unknown data-parallel part {part!r}")
+        weights = sum(table_mb)
+        return [1.0, lookup_mb, output_mb, weights, max(0.0, weights - DP_UPDATE_KNEE_MB)]
+    raise ValueError(f"unknown data-parallel part {part!r}; one of 'dp_fwd', 'dp_bwd'")
 
 
 @dataclass(frozen=True)
@@ -92,7 +119,9 @@ class LinearPart:
             raise ShardingError(f"unknown step part {self.name!r}; known: {sorted(PART_FEATURES)}")
         if len(self.coef) != len(PART_FEATURES[self.name]):
             raise ShardingError(
-                f"step part {self.name!r}: {len(self.coef)} coefficients for features {PART_FEATURES[self.name]}"
+                f"step part {self.name!r}: {len(self.coef)} coefficients for features {PART_FEATURES[self.name]}; "
+                "a model fitted before these features changed: refit its step parts "
+                "(`python -m torchrec_neuroshard.lab.refit_steps --model MODEL --data STEP_DATA --out MODEL`)"
             )
         if not all(np.isfinite(c) and c >= 0 for c in self.coef):
             raise ShardingError(f"step part {self.name!r}: coefficients must be finite and >= 0, got {self.coef}")

@@ -83,12 +83,11 @@ def data_parallel_ms(parts: StepParts, tables: Sequence[TableSpec], batch_size: 
     the global ``batch_size``, its backward with the update, one gradient all-reduce)."""
     local = batch_size / world
     bpe = max((t.bytes_per_element for t in tables), default=4)
-    lookups = sum(local * t.pooling_factor * t.dim for t in tables)
-    output = local * sum(t.dim for t in tables)
+    shape = ([local * t.pooling_factor for t in tables], [t.dim for t in tables], [t.rows for t in tables], local, bpe)
     elements = sum(t.rows * t.dim for t in tables)
     return {
-        "dp_fwd": float(parts.predict("dp_fwd", dp_features("dp_fwd", lookups, output, elements, bpe))[0]),
-        "dp_bwd": float(parts.predict("dp_bwd", dp_features("dp_bwd", lookups, output, elements, bpe))[0]),
+        "dp_fwd": float(parts.predict("dp_fwd", dp_features("dp_fwd", *shape))[0]),
+        "dp_bwd": float(parts.predict("dp_bwd", dp_features("dp_bwd", *shape))[0]),
         "all_reduce": float(parts.predict("all_reduce", collective_features("all_reduce", world, elements * bpe))[0])
         if world > 1
         else 0.0,

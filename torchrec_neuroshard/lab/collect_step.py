@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -35,9 +36,11 @@ from torchrec_neuroshard.lab.measure_compute import measure_replicated_compute
 from torchrec_neuroshard.lab.workloads import DIMS, PoolTable, WorkloadScale, synthetic_pool
 from torchrec_neuroshard.steparts import COLLECTIVES
 
-STEP_KINDS = ("input_dist", *COLLECTIVES, "dp")
-"""The kinds of rows ``collect step`` writes; "dp" rows give both dp_fwd and dp_bwd."""
-DISTRIBUTED_KINDS = STEP_KINDS[:-1]
+STEP_KINDS = ("input_dist", *COLLECTIVES, "dp", "dp_small")
+"""The kinds of rows ``collect step`` writes; "dp" and "dp_small" rows give both dp_fwd and
+dp_bwd ("dp_small" draws tables smaller than the pool holds, ``draw_dp_small``)."""
+DP_KINDS = ("dp", "dp_small")
+DISTRIBUTED_KINDS = tuple(k for k in STEP_KINDS if k not in DP_KINDS)
 MAX_TABLES_PER_RANK = 12
 """Input distribution: each destination rank holds U{0..12} tables of the group."""
 COLLECTIVE_BYTES = (4 * 2**10, 64 * 2**20)
@@ -47,6 +50,10 @@ of a few large data-parallel tables at the CPU scale (rows / 64: mean 64k rows x
 MAX_DP_TABLES = 8
 DP_MEMORY_CAP_BYTES = 256 * 2**20
 """Rejection cap on a data-parallel sample's weights (every rank holds them all)."""
+MAX_DP_SMALL_TABLES = 4
+DP_SMALL_ROWS = (10, 5_000)
+"""``draw_dp_small``'s rows, log-uniform: the small tables TorchRec replicates (a few to a
+few thousand rows), which the pool at the CPU scale barely holds (1 table <= 2,000 rows)."""
 
 
 def _rng(seed: int, kind: str, world_size: int, index: int) -> np.random.Generator:
@@ -97,6 +104,21 @@ def draw_dp(pool: Sequence[PoolTable], scale: WorkloadScale, world_size: int, se
         size = sum(max(1, pool[i].rows // scale.row_divisor) * w * 4 for i, w in zip(ids, widths))
         if size <= DP_MEMORY_CAP_BYTES:
             return ComputeSample(tuple(int(i) for i in ids), tuple(int(w) for w in widths))
+
+
+def draw_dp_small(
+    pool: Sequence[PoolTable], scale: WorkloadScale, world_size: int, seed: int, index: int
+) -> tuple[ComputeSample, list[PoolTable]]:
+    """U{1..4} distinct pool tables, each keeping its pooling factor and access model but
+    with rows log-uniform in ``DP_SMALL_ROWS`` at ``scale``, at widths from ``DIMS``: the
+    sample, indexing the returned tables (full-size pool tables: rows x the scale's divisor)."""
+    rng = _rng(seed, "dp_small", world_size, index)
+    ids = rng.choice(len(pool), int(rng.integers(1, MAX_DP_SMALL_TABLES + 1)), replace=False)
+    lo, hi = np.log(DP_SMALL_ROWS[0]), np.log(DP_SMALL_ROWS[1])
+    rows = [int(np.exp(rng.uniform(lo, hi))) for _ in ids]
+    widths = rng.choice(DIMS, len(ids))
+    tables = [replace(pool[i], name=f"{pool[i].name}_r{r}", rows=r * scale.row_divisor) for i, r in zip(ids, rows)]
+    return ComputeSample(tuple(range(len(tables))), tuple(int(w) for w in widths)), tables
 
 
 def _done(path: Path, kind: str, world_size: int) -> int:
@@ -183,7 +205,8 @@ def collect_step(
 ) -> dict[str, int]:
     """Measure ``num_samples`` samples of every kind in ``kinds`` at every world size (the
     ones already in ``out`` are kept: a re-run resumes). Distributed kinds spawn D ranks
-    (rank 0 writes); "dp" times rank 0's local batch (B // D) in this process on 1 thread.
+    (rank 0 writes); "dp" and "dp_small" time rank 0's local batch (B // D) in this
+    process on 1 thread.
     Returns the rows of each kind in ``out`` afterwards."""
     from torchrec_neuroshard.lab.launch import default_device, spawn
 
@@ -200,15 +223,18 @@ def collect_step(
         distributed = [k for k in kinds if k in DISTRIBUTED_KINDS and _done(path, k, d) < num_samples]
         if distributed:
             spawn(_collect_step_worker, d, str(path), distributed, num_samples, seed, scale.batch_size, progress)
-        if "dp" not in kinds:
-            continue
-        f, _ = _open_for_append(path)
-        with f:
-            start = _done(path, "dp", d)
-            for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc=f"dp D={d}"):
-                row = _dp_row(draw_dp(pool, scale, d, seed, i), bank, d, device, dp_warmup, dp_repeats)
-                f.write(json.dumps({"kind": "dp", "group": i, "world_size": d, **row, "hardware": hw}) + "\n")
-                f.flush()
+        for kind in (k for k in DP_KINDS if k in kinds):
+            f, _ = _open_for_append(path)
+            with f:
+                start = _done(path, kind, d)
+                for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc=f"{kind} D={d}"):
+                    if kind == "dp":
+                        row = _dp_row(draw_dp(pool, scale, d, seed, i), bank, d, device, dp_warmup, dp_repeats)
+                    else:  # small tables: a bank of their own per sample
+                        sample, tables = draw_dp_small(pool, scale, d, seed, i)
+                        row = _dp_row(sample, PoolLookups(tables, scale), d, device, dp_warmup, dp_repeats)
+                    f.write(json.dumps({"kind": kind, "group": i, "world_size": d, **row, "hardware": hw}) + "\n")
+                    f.flush()
     rows = read_rows(path)
     return {k: sum(1 for _ in iter_kind(rows, k)) for k in kinds}
 

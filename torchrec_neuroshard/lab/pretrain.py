@@ -25,6 +25,7 @@ from torch import nn
 from tqdm import tqdm
 
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect_step import DP_KINDS
 from torchrec_neuroshard.costmodel import (
     DEVICE_FEATURES,
     CommNet,
@@ -53,6 +54,9 @@ when another process holds a core (measured 14x on this project's 2-core machine
 MIN_SAMPLES = 30
 """Fewest sample groups (of compute, or of comm) pre-training takes: split 80/10/10, that
 leaves 3 each to early-stop on and to test with; fewer give meaningless (or NaN) metrics."""
+SMALL_GROUP_OFFSET = 500_000
+"""Added to a "dp_small" sample's index in its split group (world size x 1e6 + index): a
+group apart from the "dp" sample of the same index."""
 
 # ---------------------------------------------------------------- data
 
@@ -164,14 +168,15 @@ class PartData:
 def load_step_data(rows: Sequence[dict]) -> dict[str, PartData]:
     """The step parts present in ``rows`` (``neuroshard collect step``), features computed
     from each row's raw quantities by ``steparts``' functions; one row per rank for the
-    distributed kinds, one per sample for "dp" (its forward and backward parts)."""
+    distributed kinds, one per sample for "dp" and "dp_small" (its forward and backward
+    parts; a "dp_small" sample is a group apart from the "dp" sample of its index)."""
     cols: dict[str, tuple[list, list, list, list]] = {}
 
     def add(part: str, x: list[float], y: float, r: dict) -> None:
         xs, ys, gs, ws = cols.setdefault(part, ([], [], [], []))
         xs.append(x)
         ys.append(y)
-        gs.append(r["world_size"] * 1_000_000 + r["group"])
+        gs.append(r["world_size"] * 1_000_000 + SMALL_GROUP_OFFSET * (r["kind"] == "dp_small") + r["group"])
         ws.append(r["world_size"])
 
     for r in rows:
@@ -182,17 +187,15 @@ def load_step_data(rows: Sequence[dict]) -> dict[str, PartData]:
         elif kind in COLLECTIVES:
             for ms in r["ms"]:
                 add(kind, collective_features(kind, d, r["nbytes"]), ms, r)
-        elif kind == "dp":
+        elif kind in DP_KINDS:
             widths = [t["width"] for t in r["tables"]]
             sizes = {t.get("bytes_per_element", 4) for t in r["tables"]}
             if len(sizes) != 1:
                 raise ShardingError(f"dp sample {r['group']} (D={d}) mixes weight sizes {sorted(sizes)}; one kernel has one")
             bytes_per_element = sizes.pop()
-            lookup = sum(n * w for n, w in zip(r["lookups"], widths))
-            output = r["local_batch"] * sum(widths)
-            table = sum(t["rows"] * t["width"] for t in r["tables"])
+            rows_ = [t["rows"] for t in r["tables"]]
             for part, field in (("dp_fwd", "fwd_ms"), ("dp_bwd", "bwd_ms")):
-                add(part, dp_features(part, lookup, output, table, bytes_per_element), r[field], r)
+                add(part, dp_features(part, r["lookups"], widths, rows_, r["local_batch"], bytes_per_element), r[field], r)
     return {
         part: PartData(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), np.asarray(g), np.asarray(w))
         for part, (x, y, g, w) in sorted(cols.items())

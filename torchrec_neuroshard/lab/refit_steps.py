@@ -1,0 +1,77 @@
+"""Refit only the step parts of a saved model on new ``collect step`` rows; its nets stay
+bit for bit as they are.
+
+    python -m torchrec_neuroshard.lab.refit_steps --model torchrec_neuroshard/pretrained/cpu.pt \
+        --data torchrec_neuroshard/lab/data/cpu_step.jsonl.gz [--out cpu.pt]
+
+The parts are fitted as ``pretrain`` fits them (``fit_step_parts`` with the model's seed, no
+world size excluded), so a full ``neuroshard pretrain`` on the same rows stores the same
+parts. Prints each part's coefficients and test MAPE before (the stored parts, scored on
+the new split) and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.pretrain import fit_step_parts, load_step_data, mape, split_by_group
+from torchrec_neuroshard.steparts import LinearPart
+from torchrec_neuroshard.types import ShardingError
+
+NETS = ("compute_state", "compute_norm", "sequence_state", "sequence_norm", "comm_state", "comm_norm")
+"""The checkpoint's entries that must not change."""
+
+
+def refit(checkpoint: dict, rows: list[dict]) -> tuple[dict, list[str]]:
+    """A copy of ``checkpoint`` with meta's step parts and their test metrics refitted on
+    ``rows``, and one report line per part."""
+    meta = checkpoint["meta"]
+    if "step_parts" not in meta:
+        raise ShardingError("this model has no step parts to refit; pretrain it with `collect step` rows in --data")
+    seed = meta["seed"]
+    data = load_step_data(rows)
+    parts, test = fit_step_parts(data, seed)
+    lines = []
+    for name, d in data.items():
+        _, _, held = split_by_group(d.group, seed)
+        after = f"{test[name]['test']['mape']:.1f}; coef {[round(c, 4) for c in parts.parts[name].coef]}"
+        try:  # the stored part, if its features are still this part's
+            old = LinearPart(name, tuple(meta["step_parts"][name]))
+        except (KeyError, ShardingError):
+            lines.append(f"{name}: {len(d)} rows, test MAPE % (stored part absent or of other features) -> {after}")
+            continue
+        before = mape(torch.from_numpy(old.predict(d.x[held])), torch.from_numpy(d.y[held]))
+        lines.append(f"{name}: {len(d)} rows, test MAPE % {before:.1f}; coef {[round(c, 4) for c in old.coef]} -> {after}")
+    new_meta = {
+        **meta,
+        "step_parts": parts.to_dict(),
+        "step_parts_world_sizes": {n: sorted(set(d.world_size.tolist())) for n, d in data.items()},
+        "test": {**meta["test"], "step_parts": test},
+    }
+    return {**checkpoint, "meta": new_meta}, lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, type=Path)
+    p.add_argument("--data", required=True, nargs="+", type=Path, help="`collect step` files (others' rows are ignored)")
+    p.add_argument("--out", type=Path, help="where to write the refitted model (default: print only)")
+    args = p.parse_args(argv)
+    checkpoint = torch.load(args.model, map_location="cpu", weights_only=False)
+    rows = [r for path in args.data for r in read_rows(path)]
+    new, lines = refit(checkpoint, rows)
+    print("\n".join(lines))
+    for key in NETS:
+        if key in checkpoint and key not in new:
+            raise ShardingError(f"refit dropped {key!r}")
+    if args.out:
+        torch.save(new, args.out)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
