@@ -8,17 +8,28 @@ task generator and committed); every plan is measured by the plan evaluator (fus
 compute per device, all-to-all on a real gloo/NCCL group), all of a task's plans
 interleaved over rounds. Results append to a JSONL file, so an interrupted run resumes.
 Prints a markdown table and writes it, with PNG plots, under benchmarks/results/.
+
+    python -m benchmarks.compare --calibrated runs/cpu_calibrated.pt
+
+adds ``neuroshard_calibrated``: NeuroShard's search with a model file made on the day by
+``neuroshard calibrate``, measured interleaved with the others. Its rows record the file
+and its sha256 prefix; the report gives its headline figures beside NeuroShard's. Each
+NeuroShard variant's "cheapest of all planners" leaves the other variant out (they are
+one planner with two models, not rivals), so NeuroShard's figures are defined as without
+the option.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -40,8 +51,15 @@ from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synt
 HERE = Path(__file__).parent
 SUITE_SIZES = ((20, 2), (40, 4), (60, 4), (80, 8))
 PLANNERS = ("neuroshard", "neuroshard_nolocal", "neuroshard_prototype", "torchrec", "torchrec_neural", *BASELINES)
+CALIBRATED = "neuroshard_calibrated"
+"""NeuroShard's search with a calibrated model file (``--calibrated``): not in PLANNERS,
+the option adds it."""
+RIVALS = {"neuroshard": CALIBRATED, CALIBRATED: "neuroshard"}
+"""The NeuroShard variant each one's "fastest / cheapest of all planners" leaves out."""
+SHA256_PREFIX = 16
 LABELS = {
     "neuroshard": "NeuroShard",
+    CALIBRATED: "NeuroShard, calibrated model",
     "neuroshard_nolocal": "NeuroShard, no local pass",
     "neuroshard_prototype": "NeuroShard (prototype search)",
     "torchrec": "TorchRec",
@@ -80,11 +98,66 @@ def load_suite(path: Path) -> list[Task]:
     return Task.load_all(path)
 
 
-def plan_task(name: str, task: Task, model: NeuralCostModel) -> Plan:
+@dataclass(frozen=True)
+class CalibratedModel:
+    """A model file made by ``neuroshard calibrate``: what plans the ``neuroshard_calibrated``
+    rows, each of which records its path and sha256 prefix (``record``)."""
+
+    path: Path
+    sha256: str
+    model: NeuralCostModel
+
+    @staticmethod
+    def load(path: Path) -> "CalibratedModel":
+        model = NeuralCostModel.load(path)
+        if "calibration" not in model.meta:
+            raise ShardingError(
+                f"{path} is not a calibrated model (its meta has no 'calibration' record); make one on this "
+                f"machine with `neuroshard calibrate --out {path}`"
+            )
+        return CalibratedModel(Path(path), hashlib.sha256(Path(path).read_bytes()).hexdigest(), model)
+
+    def record(self) -> dict:
+        return {"path": str(self.path), "sha256": self.sha256[:SHA256_PREFIX]}
+
+    def check_resumes(self, rows: Sequence[dict], results: Path) -> None:
+        """Refuse to add rows to a results file whose calibrated rows another file planned."""
+        others = {json.dumps(r["cost_model_file"]) for r in rows if r.get("cost_model_file", self.record()) != self.record()}
+        if others:
+            raise ShardingError(
+                f"{results} holds {CALIBRATED} rows planned by {sorted(others)}, not by {self.record()}; pass that "
+                "model file to --calibrated to resume, or --name a new results file"
+            )
+
+
+def check_machine(model: NeuralCostModel, allow_mismatch: bool, which: str = "") -> None:
+    """Print the model's hardware beside this machine's (``model_vs_machine``); a mismatch
+    is an error unless ``allow_mismatch``. ``which`` names the model in both."""
+    line, why = model_vs_machine(model.hardware, default_device().type)
+    print(f"{which}{line}")
+    if why:
+        if not allow_mismatch:
+            raise ShardingError(f"{which}{why}. Or pass --allow-mismatch to measure the mismatch itself")
+        print(f"WARNING (--allow-mismatch): {which}{why}")
+
+
+def calibrated_files(rows: Sequence[dict]) -> str:
+    """The model files (path, sha256 prefix) that planned the calibrated rows, as text."""
+    files = dict.fromkeys(f"`{r['cost_model_file']['path']}` (sha256 {r['cost_model_file']['sha256']})" for r in rows if "cost_model_file" in r)
+    return ", ".join(files) or "an unrecorded model file"
+
+
+def plan_task(name: str, task: Task, model: NeuralCostModel, calibrated: NeuralCostModel | None = None) -> Plan:
+    """``name``'s plan of ``task``; NeuroShard's variants search with ``model`` (the shipped
+    one) or ``calibrated`` (``neuroshard_calibrated``)."""
     device_type = default_device().type
     choices = sharder_choices(task.tables, device_type)  # what TorchRec's default sharder offers here
     if name == "neuroshard":
         return search(task, model, choices=choices).plan
+    if name == CALIBRATED:
+        if calibrated is None:
+            raise ShardingError(f"{CALIBRATED} plans with a calibrated model file: pass --calibrated PATH")
+        return search(task, calibrated, choices=choices).plan
     if name == "neuroshard_nolocal":
         return search(task, model, SearchConfig(local_search=False), choices).plan
     if name == "neuroshard_prototype":
@@ -108,10 +181,14 @@ def run(
     rounds: int = 3,
     model: NeuralCostModel | None = None,
     progress: bool = True,
+    calibrated: CalibratedModel | None = None,
 ) -> list[dict]:
-    """Plan and measure every task not yet in ``results_path``; returns all rows."""
+    """Plan and measure every task not yet in ``results_path``; returns all rows.
+    ``calibrated`` plans ``neuroshard_calibrated``, each of its rows records the file."""
     model = model or load_pretrained()
     done = {r["task"] for r in read_rows(results_path)}
+    if calibrated is not None:
+        calibrated.check_resumes(read_rows(results_path), results_path)
     results_path.parent.mkdir(parents=True, exist_ok=True)
     for i, task in enumerate(tqdm(tasks, desc="tasks", disable=not progress)):
         if i in done:
@@ -121,8 +198,10 @@ def run(
         for name in _with_fallbacks(planners, rows):
             t0 = time.perf_counter()
             row = {"task": i, "tables": len(task.tables), "devices": task.num_devices, "planner": name}
+            if name == CALIBRATED and calibrated is not None:
+                row["cost_model_file"] = calibrated.record()
             try:
-                plan = plan_task(name, task, model)
+                plan = plan_task(name, task, model, calibrated.model if calibrated else None)
                 row["planning_s"] = time.perf_counter() - t0
                 plan.validate(task)
                 plans[name] = plan
@@ -186,30 +265,37 @@ def summarize(rows: Sequence[dict], planners: Sequence[str] = PLANNERS) -> tuple
                 f"{statistics.mean(costs) if costs else float('nan'):.2f} | {statistics.median(costs) if costs else float('nan'):.2f} | "
                 f"{geomean(ratios):.3f} | {invalid}/{len(tasks)} | {statistics.mean(plan_s) if plan_s else float('nan'):.2f} |"
             )
-    ratios = [
-        p["neuroshard"]["cost_ms"] / p["torchrec"]["cost_ms"]
-        for p in by_task.values()
-        if p.get("neuroshard", {}).get("status") == "ok" and p.get("torchrec", {}).get("status") == "ok"
-    ]
-    beats = []
-    for p in by_task.values():
-        if p.get("neuroshard", {}).get("status") != "ok":
-            continue
-        heur = [p[b]["cost_ms"] for b in BASELINES if p.get(b, {}).get("status") == "ok"]
-        beats.append(all(p["neuroshard"]["cost_ms"] < c for c in heur))
-    cheapest = [
-        all(p["neuroshard"]["cost_ms"] <= r["cost_ms"] for r in p.values() if r.get("status") == "ok")
-        for p in by_task.values()
-        if p.get("neuroshard", {}).get("status") == "ok"
-    ]
-    headline = {
-        "tasks": len(by_task),
-        "tasks_both_valid": len(ratios),
-        "neuroshard_over_torchrec_geomean": geomean(ratios),
-        "neuroshard_below_every_heuristic": sum(beats) / len(beats) if beats else float("nan"),
-        "neuroshard_cheapest_of_all": sum(cheapest) / len(cheapest) if cheapest else float("nan"),
-    }
+    headline = {"tasks": len(by_task), **_variant_headline(by_task, "neuroshard")}
+    if any(CALIBRATED in p for p in by_task.values()):
+        cal = _variant_headline(by_task, CALIBRATED)
+        headline.update({f"{CALIBRATED}_{k}" if k.startswith("tasks") else k: v for k, v in cal.items()})
+        pairs = [p[CALIBRATED]["cost_ms"] / p["neuroshard"]["cost_ms"] for p in by_task.values() if _ok(p, CALIBRATED) and _ok(p, "neuroshard")]
+        headline[f"{CALIBRATED}_over_neuroshard_geomean"] = geomean(pairs)
     return "\n".join(lines), headline
+
+
+def _ok(plans: dict[str, dict], name: str) -> bool:
+    return plans.get(name, {}).get("status") == "ok"
+
+
+def _share(flags: Sequence[bool]) -> float:
+    return sum(flags) / len(flags) if flags else float("nan")
+
+
+def _variant_headline(by_task: dict[int, dict[str, dict]], name: str) -> dict:
+    """A NeuroShard variant's figures: / TorchRec (geomean over the tasks both planned
+    validly), the share of its valid tasks below every heuristic, and cheapest of all
+    planners measured but its rival variant (``RIVALS``)."""
+    mine = [p for p in by_task.values() if _ok(p, name)]
+    ratios = [p[name]["cost_ms"] / p["torchrec"]["cost_ms"] for p in mine if _ok(p, "torchrec")]
+    below = [all(p[name]["cost_ms"] < p[b]["cost_ms"] for b in BASELINES if _ok(p, b)) for p in mine]
+    cheapest = [all(p[name]["cost_ms"] <= r["cost_ms"] for k, r in p.items() if k != RIVALS[name] and _ok(p, k)) for p in mine]
+    return {
+        "tasks_both_valid": len(ratios),
+        f"{name}_over_torchrec_geomean": geomean(ratios),
+        f"{name}_below_every_heuristic": _share(below),
+        f"{name}_cheapest_of_all": _share(cheapest),
+    }
 
 
 def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS, name: str = "compare") -> list[Path]:
@@ -276,8 +362,8 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
 
 
 def write_report(rows: Sequence[dict], out_dir: Path, note: str = "", name: str = "compare", planners: Sequence[str] = PLANNERS) -> str:
-    fallback = ("torchrec_default_memory",) if any(r["planner"] == "torchrec_default_memory" for r in rows) else ()
-    table, headline = summarize(rows, (*planners, *fallback))
+    extra = tuple(n for n in ("torchrec_default_memory", CALIBRATED) if n not in planners and any(r["planner"] == n for r in rows))
+    table, headline = summarize(rows, (*planners, *extra))
     hw = hardware(default_device(), 1)
     text = (
         f"# Planner comparison on measured embedding cost\n\n"
@@ -288,10 +374,27 @@ def write_report(rows: Sequence[dict], out_dir: Path, note: str = "", name: str 
         f"tasks where TorchRec's plan fit the memory cap: "
         f"**{headline['neuroshard_over_torchrec_geomean']:.3f}**. NeuroShard below every heuristic on "
         f"**{100 * headline['neuroshard_below_every_heuristic']:.0f}%** of tasks, the cheapest of all planners "
-        f"measured on **{100 * headline['neuroshard_cheapest_of_all']:.0f}%**.\n"
+        f"measured on **{100 * headline['neuroshard_cheapest_of_all']:.0f}%**"
+        f"{' (the calibrated variant left out)' if f'{CALIBRATED}_over_torchrec_geomean' in headline else ''}.\n"
+        f"{_calibrated_paragraph(rows, headline)}"
     )
     (out_dir / f"{name}.md").write_text(text)
     return text
+
+
+def _calibrated_paragraph(rows: Sequence[dict], headline: dict) -> str:
+    """NeuroShard calibrated's headline figures beside NeuroShard's, and the file that planned them."""
+    if f"{CALIBRATED}_over_torchrec_geomean" not in headline:
+        return ""
+    return (
+        f"\nNeuroShard with the calibrated model ({calibrated_files([r for r in rows if r['planner'] == CALIBRATED])}) "
+        f"/ TorchRec, geometric mean over {headline[f'{CALIBRATED}_tasks_both_valid']} tasks: "
+        f"**{headline[f'{CALIBRATED}_over_torchrec_geomean']:.3f}** (NeuroShard's: "
+        f"{headline['neuroshard_over_torchrec_geomean']:.3f}); below every heuristic on "
+        f"**{100 * headline[f'{CALIBRATED}_below_every_heuristic']:.0f}%** of tasks, the cheapest of all planners "
+        f"(shipped-model NeuroShard left out) on **{100 * headline[f'{CALIBRATED}_cheapest_of_all']:.0f}%**; "
+        f"calibrated / shipped model, geomean: **{headline[f'{CALIBRATED}_over_neuroshard_geomean']:.3f}**.\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -309,24 +412,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pool-seed", type=int, default=0, help="synthetic pool of a new suite")
     p.add_argument("--planners", default=",".join(PLANNERS), help="comma-separated planners to measure")
     p.add_argument("--name", default="compare", help="results file stem")
+    p.add_argument("--calibrated", type=Path, help=f"a model file made by `neuroshard calibrate`: adds the planner {CALIBRATED}")
     args = p.parse_args(argv)
     planners = tuple(args.planners.split(","))
-    unknown = sorted(set(planners) - set(PLANNERS))
+    if args.calibrated and CALIBRATED not in planners:
+        planners += (CALIBRATED,)
+    unknown = sorted(set(planners) - set(PLANNERS) - ({CALIBRATED} if args.calibrated else set()))
     if unknown:
-        raise ShardingError(f"unknown planners {unknown}; choose from {list(PLANNERS)}")
+        raise ShardingError(f"unknown planners {unknown}; choose from {list(PLANNERS)}, or {CALIBRATED} with --calibrated PATH")
     if args.new_suite or not args.suite.exists():
         sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes]
         save_suite(make_suite(args.tasks_per_size, sizes, pool_seed=args.pool_seed), args.suite)
     model = NeuralCostModel.load(args.model) if args.model else pretrained_for(default_device().type)
-    line, why = model_vs_machine(model.hardware, default_device().type)
-    print(line)
-    if why:
-        if not args.allow_mismatch:
-            raise ShardingError(f"{why}. Or pass --allow-mismatch to measure the mismatch itself")
-        print(f"WARNING (--allow-mismatch): {why}")
+    check_machine(model, args.allow_mismatch)
+    calibrated = CalibratedModel.load(args.calibrated) if args.calibrated else None
+    if calibrated is not None:
+        check_machine(calibrated.model, args.allow_mismatch, f"{args.calibrated}: ")
     tasks = load_suite(args.suite)[: args.limit]
     results = args.out / (f"{args.name}.jsonl" if args.limit is None else f"{args.name}_first{args.limit}.jsonl")
-    rows = read_rows(results) if args.report_only else run(tasks, results, planners, rounds=args.rounds, model=model)
+    rows = read_rows(results) if args.report_only else run(tasks, results, planners, args.rounds, model, calibrated=calibrated)
     rows = [r for r in rows if r["task"] < len(tasks)]
     measured = len({r["task"] for r in rows})
     note = (

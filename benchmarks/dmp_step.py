@@ -3,6 +3,7 @@
     python -m benchmarks.dmp_step --tables 24 40 --pool-seed 0       # generated tasks
     python -m benchmarks.dmp_step --task my_task.json                  # a task file
     python -m benchmarks.dmp_step --quick                              # 2 small tasks, few steps
+    python -m benchmarks.dmp_step --calibrated runs/cpu_calibrated.pt  # also NeuroShard with that model
     neuroshard bench dmp_step ...                                      # the same
 
 For every task, every planner (NeuroShard, TorchRec's planner as its docs say, the five
@@ -16,6 +17,13 @@ data-parallel tables) with SGD. Batches are real KJTs from ``lab.workloads.looku
 per table (the synthetic access model), the global batch ``task.batch_size`` split over
 the ranks. Training steps run interleaved across plans (A B C, B C A, ...) so drift hits
 all alike.
+
+``--calibrated PATH`` (a model file made by ``neuroshard calibrate``, on this machine)
+adds the planner ``neuroshard_calibrated``: NeuroShard's search with that model, measured
+interleaved with the others; its rows record the file and its sha256 prefix, and the
+summary gives its figures beside NeuroShard's. Each NeuroShard variant's "fastest of all
+planners" leaves the other variant out, so NeuroShard's figures mean what they mean
+without the option (``compare.RIVALS``).
 
 Reported per plan (JSON lines + a markdown table under benchmarks/results/):
 
@@ -53,8 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchrec_neuroshard.costmodel import pretrained_for
-from torchrec_neuroshard.hardware import model_vs_machine
+from benchmarks.compare import CALIBRATED, RIVALS, CalibratedModel, calibrated_files, check_machine
+from torchrec_neuroshard.costmodel import NeuralCostModel, pretrained_for
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.launch import default_device, spawn
 from torchrec_neuroshard.lab.measure_compute import Clock, Lookups, Timing
@@ -186,11 +194,14 @@ class PlannedTask:
             raise ValueError(f"plans {unknown} have no fits_cap entry; plan_task fills both")
 
 
-def plan_task(task: Task, label: str, config: StepConfig, planners: Sequence[str] = PLANNERS) -> PlannedTask:
+def plan_task(
+    task: Task, label: str, config: StepConfig, planners: Sequence[str] = PLANNERS, calibrated: NeuralCostModel | None = None
+) -> PlannedTask:
     """Plan the task's ``StepModel`` with every planner. TorchRec plans the model itself
     (its own compute kernels); the others' ``Plan``s go through ``to_torchrec``. When
     TorchRec finds no plan within the task's cap, that is its result, and its plan at its
-    default topology memory runs as ``torchrec_default_memory``."""
+    default topology memory runs as ``torchrec_default_memory``. ``calibrated`` is the
+    model ``neuroshard_calibrated`` searches with."""
     from torchrec.distributed.planner.types import PlannerError
 
     from benchmarks.compare import plan_task as plan_ours
@@ -210,7 +221,7 @@ def plan_task(task: Task, label: str, config: StepConfig, planners: Sequence[str
                     failures[name] = f"no plan within the task's memory cap: {str(e).splitlines()[0]}"
                     plans["torchrec_default_memory"] = torchrec_plan(task, device_type, module=model, default_memory=True)
             else:
-                plans[name] = to_torchrec(plan_ours(name, task, cost_model), model, device_type)
+                plans[name] = to_torchrec(plan_ours(name, task, cost_model, calibrated), model, device_type)
         except (ShardingError, PlannerError) as e:
             failures[name] = f"{type(e).__name__}: {e}"
     for name, plan in plans.items():
@@ -418,25 +429,40 @@ def geomean(xs: Sequence[float]) -> float:
     return math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")
 
 
+def _variant(tasks: dict[str, dict[str, dict]], name: str) -> dict:
+    """A NeuroShard variant's figures over the tasks where it and TorchRec both ran: tasks,
+    fastest of all planners but its rival variant (``RIVALS``), / TorchRec and / best
+    heuristic (geomean of median step times)."""
+    both = [v for v in tasks.values() if name in v and "torchrec" in v]
+    fastest = [min((r for p, r in v.items() if p != RIVALS[name]), key=lambda r: r["step_ms"])["planner"] == name for v in both]
+    vs_torchrec = [v[name]["step_ms"] / v["torchrec"]["step_ms"] for v in both]
+    vs_heuristic = [v[name]["step_ms"] / min(v[b]["step_ms"] for b in BASELINES if b in v) for v in both if any(b in v for b in BASELINES)]
+    return {
+        "tasks": len(both),
+        "fastest": sum(fastest),
+        "over_torchrec": geomean(vs_torchrec),
+        "over_best_heuristic": geomean(vs_heuristic),
+    }
+
+
 def summary(rows: Sequence[dict]) -> dict:
     """The targets' figures over tasks where NeuroShard and TorchRec both ran: NeuroShard
     fastest of all planners (tasks), NeuroShard / TorchRec and / best heuristic (geomean of
     median step times), and the Spearman of predicted vs measured step over (task, plan)
-    pairs, overall and within a task (median)."""
+    pairs, overall and within a task (median). With calibrated rows, the same figures of
+    ``neuroshard_calibrated`` (``neuroshard_calibrated_...``) and its step time over
+    NeuroShard's (geomean over the tasks both ran)."""
     from scipy.stats import spearmanr
 
     tasks: dict[str, dict[str, dict]] = {}
     for r in rows:
         if r["status"] == "ok":
             tasks.setdefault(r["task"], {})[r["planner"]] = r
-    both = {k: v for k, v in tasks.items() if "neuroshard" in v and "torchrec" in v}
-    fastest = [min(v.values(), key=lambda r: r["step_ms"])["planner"] == "neuroshard" for v in both.values()]
-    vs_torchrec = [v["neuroshard"]["step_ms"] / v["torchrec"]["step_ms"] for v in both.values()]
-    vs_heuristic = [
-        v["neuroshard"]["step_ms"] / min(v[b]["step_ms"] for b in BASELINES if b in v)
-        for v in both.values()
-        if any(b in v for b in BASELINES)
-    ]
+    out = {("tasks" if k == "tasks" else f"neuroshard_{k}"): v for k, v in _variant(tasks, "neuroshard").items()}
+    if any(CALIBRATED in v for v in tasks.values()):
+        out.update({f"{CALIBRATED}_{k}": v for k, v in _variant(tasks, CALIBRATED).items()})
+        pairs = [v[CALIBRATED]["step_ms"] / v["neuroshard"]["step_ms"] for v in tasks.values() if CALIBRATED in v and "neuroshard" in v]
+        out[f"{CALIBRATED}_over_neuroshard"] = geomean(pairs)
     pairs = [(r["predicted_ms"], r["step_ms"]) for v in tasks.values() for r in v.values() if "predicted_ms" in r]
     within = [
         spearmanr([r["predicted_ms"] for r in v.values()], [r["step_ms"] for r in v.values()]).statistic
@@ -444,13 +470,23 @@ def summary(rows: Sequence[dict]) -> dict:
         if len(v) > 2 and all("predicted_ms" in r for r in v.values())
     ]
     return {
-        "tasks": len(both),
-        "neuroshard_fastest": sum(fastest),
-        "neuroshard_over_torchrec": geomean(vs_torchrec),
-        "neuroshard_over_best_heuristic": geomean(vs_heuristic),
+        **out,
         "spearman_predicted_vs_step": spearmanr(*zip(*pairs)).statistic if len(pairs) > 2 else float("nan"),
         "spearman_within_task_median": statistics.median(within) if within else float("nan"),
     }
+
+
+def _calibrated_line(rows: Sequence[dict], s: dict) -> list[str]:
+    """The summary's line of NeuroShard with the calibrated model and the file it planned with."""
+    if f"{CALIBRATED}_tasks" not in s:
+        return []
+    return [
+        f"- NeuroShard with the calibrated model ({calibrated_files([r for r in rows if r['planner'] == CALIBRATED])}) "
+        f"fastest of all planners (shipped-model NeuroShard left out) on **{s[f'{CALIBRATED}_fastest']} of "
+        f"{s[f'{CALIBRATED}_tasks']}** tasks; / TorchRec **{s[f'{CALIBRATED}_over_torchrec']:.3f}**, / best heuristic "
+        f"**{s[f'{CALIBRATED}_over_best_heuristic']:.3f}**, / NeuroShard (shipped model) "
+        f"**{s[f'{CALIBRATED}_over_neuroshard']:.3f}** (geomean of median step times)."
+    ]
 
 
 def report(rows: Sequence[dict]) -> str:
@@ -458,9 +494,11 @@ def report(rows: Sequence[dict]) -> str:
     ratio to TorchRec and the model's predicted step."""
     s = summary(rows)
     lines = [
-        f"- NeuroShard fastest of all planners on **{s['neuroshard_fastest']} of {s['tasks']}** tasks; "
+        f"- NeuroShard fastest of all planners{' (the calibrated variant left out)' if f'{CALIBRATED}_tasks' in s else ''} "
+        f"on **{s['neuroshard_fastest']} of {s['tasks']}** tasks; "
         f"NeuroShard / TorchRec **{s['neuroshard_over_torchrec']:.3f}**, NeuroShard / best heuristic "
         f"**{s['neuroshard_over_best_heuristic']:.3f}** (geomean of median step times).",
+        *_calibrated_line(rows, s),
         f"- Predicted (shipped model, whole step) vs measured step time: Spearman **{s['spearman_predicted_vs_step']:.3f}** "
         f"over all (task, plan) pairs, **{s['spearman_within_task_median']:.3f}** within a task (median).",
         "",
@@ -490,13 +528,19 @@ def run(
     planners: Sequence[str] = PLANNERS,
     out: Path | None = None,
     progress: bool = True,
+    calibrated: CalibratedModel | None = None,
 ) -> list[dict]:
-    """Plan and measure every task; append the rows to ``out`` (JSON lines) if given."""
+    """Plan and measure every task; append the rows to ``out`` (JSON lines) if given.
+    ``calibrated`` plans ``neuroshard_calibrated``; each of its rows records the file."""
     from tqdm import tqdm
 
     rows = []
     for task, label in tqdm(tasks, desc="dmp_step tasks", disable=not progress):
-        task_rows = measure_task(plan_task(task, label, config, planners), config)
+        planned = plan_task(task, label, config, planners, calibrated.model if calibrated else None)
+        task_rows = measure_task(planned, config)
+        for r in task_rows:
+            if r["planner"] == CALIBRATED and calibrated is not None:
+                r["cost_model_file"] = calibrated.record()
         rows.extend(task_rows)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -526,17 +570,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=HERE / "results", help="directory for dmp_step.jsonl / .md")
     p.add_argument("--name", default="dmp_step", help="results file stem (resumes: tasks already in it are skipped)")
     p.add_argument("--allow-mismatch", action="store_true", help="plan with a model of other hardware than this machine")
+    p.add_argument("--calibrated", type=Path, help=f"a model file made by `neuroshard calibrate`: adds the planner {CALIBRATED}")
     args = p.parse_args(argv)
-    device_type = default_device().type
-    line, why = model_vs_machine(pretrained_for(device_type).hardware, device_type)
-    print(line)
-    if why and not args.allow_mismatch:
-        raise ShardingError(f"{why}. Or pass --allow-mismatch to measure the mismatch itself")
-    logging.getLogger("torchrec").setLevel(logging.ERROR)  # its topology notice, once per plan
     planners = args.planners.split(",")
-    unknown = sorted(set(planners) - set(PLANNERS))
+    if args.calibrated and CALIBRATED not in planners:
+        planners.append(CALIBRATED)
+    unknown = sorted(set(planners) - set(PLANNERS) - ({CALIBRATED} if args.calibrated else set()))
     if unknown:
-        p.error(f"unknown planners {unknown}; choose from {list(PLANNERS)}")
+        p.error(f"unknown planners {unknown}; choose from {list(PLANNERS)}, or {CALIBRATED} with --calibrated PATH")
+    check_machine(pretrained_for(default_device().type), args.allow_mismatch)
+    calibrated = CalibratedModel.load(args.calibrated) if args.calibrated else None
+    if calibrated is not None:
+        check_machine(calibrated.model, args.allow_mismatch, f"{args.calibrated}: ")
+    logging.getLogger("torchrec").setLevel(logging.ERROR)  # its topology notice, once per plan
     if args.quick:
         config = QUICK_CONFIG
         tasks = generated_tasks(QUICK_TABLES, [0], args.devices, QUICK_SCALE)
@@ -550,7 +596,9 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / f"{name}.jsonl"
     done = {json.loads(line)["task"] for line in path.read_text().splitlines()} if path.exists() and not args.quick else set()
     rows = [json.loads(line) for line in path.read_text().splitlines()] if done else []
-    rows += run([(t, label) for t, label in tasks if label not in done], config, planners, path)
+    if calibrated is not None:
+        calibrated.check_resumes(rows, path)
+    rows += run([(t, label) for t, label in tasks if label not in done], config, planners, path, calibrated=calibrated)
     device = default_device()
     text = (
         f"# Training step time under DistributedModelParallel\n\n"

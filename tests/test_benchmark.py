@@ -1,9 +1,35 @@
-"""The comparison benchmark end to end on two tiny tasks: plan, measure, report, plot."""
+"""The comparison benchmark end to end on two tiny tasks: plan, measure, report, plot; the
+training-step benchmark's quick mode; both with a calibrated model's planner added."""
 
+import gzip
+import itertools
+import json
 from dataclasses import replace
+from pathlib import Path
 
-from benchmarks.compare import PLANNERS, make_suite, plot, run, summarize, write_report
+import pytest
+
+from benchmarks.compare import PLANNERS, make_suite, plot, run, save_suite, summarize, write_report
+from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.lab.calibrate import fine_tune
+from torchrec_neuroshard.lab.collect import iter_kind
 from torchrec_neuroshard.lab.workloads import WorkloadScale
+from torchrec_neuroshard.types import ShardingError
+
+CPU_COMPUTE = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "cpu_compute.jsonl.gz"
+
+
+@pytest.fixture(scope="module")
+def calibrated_file(tmp_path_factory) -> Path:
+    """A real (if barely) calibrated model file: the shipped CPU model fine-tuned for 2
+    epochs on 12 of its own training samples, labelled with its own hardware."""
+    base = load_pretrained("cpu")
+    with gzip.open(CPU_COMPUTE, "rt") as f:
+        rows = list(itertools.islice(iter_kind(map(json.loads, f), "compute"), 12))
+    rows = [dict(r, hardware=base.meta["hardware"]) for r in rows]
+    path = tmp_path_factory.mktemp("calibrated") / "cpu_calibrated.pt"
+    fine_tune(base, rows, epochs=2, progress=False).save(path)
+    return path
 
 
 def test_compare_runs_end_to_end_on_two_tiny_tasks(tmp_path) -> None:
@@ -52,3 +78,62 @@ def test_dmp_step_quick_mode_runs_every_plan_under_dmp(tmp_path) -> None:
             assert r["step_ms"] > 0 and r["step_iqr_ms"] >= 0
             assert 0 < r["embedding_ms"] <= r["step_ms"] and 0 < r["embedding_share"] <= 1
     assert "| T10_D2_pool0 | neuroshard |" in report(rows)
+
+
+def test_compare_calibrated_option_adds_its_planner_records_the_file_and_reports_it(calibrated_file, tmp_path, capsys) -> None:
+    from benchmarks.compare import CALIBRATED, main
+
+    suite = tmp_path / "suite.json"
+    save_suite(make_suite(1, sizes=((6, 2),), scale=WorkloadScale(row_divisor=1024, batch_size=512)), suite)
+    args = ["--suite", str(suite), "--out", str(tmp_path), "--rounds", "1", "--planners", "neuroshard,torchrec,size", "--allow-mismatch"]
+    main([*args, "--calibrated", str(calibrated_file)])
+    rows = [json.loads(line) for line in (tmp_path / "compare.jsonl").read_text().splitlines()]
+    cal = next(r for r in rows if r["planner"] == CALIBRATED)
+    assert cal["status"] == "ok" and cal["cost_model_file"]["path"] == str(calibrated_file)
+    assert len(cal["cost_model_file"]["sha256"]) == 16
+    assert all("cost_model_file" not in r for r in rows if r["planner"] != CALIBRATED)
+    text = (tmp_path / "compare.md").read_text()
+    assert "| 6, 2 | NeuroShard, calibrated model |" in text
+    assert "the cheapest of all planners measured on" in text and "(the calibrated variant left out)" in text
+    assert f"NeuroShard with the calibrated model (`{calibrated_file}` (sha256 {cal['cost_model_file']['sha256']}))" in text
+    assert "calibrated / shipped model, geomean" in text
+
+    other = tmp_path / "other.pt"
+    model = NeuralCostModel.load(calibrated_file)
+    model.meta["calibration"] = dict(model.meta["calibration"], note="another file")
+    model.save(other)  # another calibrated file: resuming the results with it is refused
+    with pytest.raises(ShardingError, match="pass that model file to --calibrated to resume"):
+        main([*args, "--calibrated", str(other)])
+    with pytest.raises(ShardingError, match="not a calibrated model"):
+        main([*args, "--calibrated", str(Path(__file__).parents[1] / "torchrec_neuroshard" / "pretrained" / "cpu.pt")])
+
+
+def test_dmp_step_calibrated_option_runs_its_plan_beside_the_others(calibrated_file, tmp_path, capsys) -> None:
+    from benchmarks.compare import CALIBRATED
+    from benchmarks.dmp_step import main, summary
+
+    main(["--quick", "--planners", "neuroshard,torchrec,size", "--calibrated", str(calibrated_file), "--out", str(tmp_path), "--allow-mismatch"])
+    rows = [json.loads(line) for line in (tmp_path / "dmp_step_quick.jsonl").read_text().splitlines()]
+    cal = [r for r in rows if r["planner"] == CALIBRATED]
+    assert len(cal) == 2 and all(r["status"] == "ok" and r["cost_model_file"]["path"] == str(calibrated_file) for r in cal)
+    s = summary(rows)
+    assert s[f"{CALIBRATED}_over_torchrec"] > 0 and s[f"{CALIBRATED}_over_neuroshard"] > 0
+    assert s["neuroshard_fastest"] + s[f"{CALIBRATED}_fastest"] <= 2 * s["tasks"]
+    text = (tmp_path / "dmp_step_quick.md").read_text()
+    assert "| T10_D2_pool0 | neuroshard_calibrated |" in text
+    assert "- NeuroShard fastest of all planners (the calibrated variant left out) on" in text
+    assert f"- NeuroShard with the calibrated model (`{calibrated_file}` (sha256 {cal[0]['cost_model_file']['sha256']})) fastest" in text
+
+
+def test_a_variants_fastest_count_leaves_the_other_variant_out() -> None:
+    from benchmarks.compare import CALIBRATED
+    from benchmarks.dmp_step import summary
+
+    def row(planner: str, ms: float) -> dict:
+        return {"task": "t", "planner": planner, "status": "ok", "step_ms": ms, "predicted_ms": ms}
+
+    rows = [row("neuroshard", 2.0), row(CALIBRATED, 1.0), row("torchrec", 3.0), row("size", 4.0)]
+    s = summary(rows)
+    assert s["neuroshard_fastest"] == 1 and s[f"{CALIBRATED}_fastest"] == 1
+    assert s[f"{CALIBRATED}_over_neuroshard"] == 0.5 and s["neuroshard_over_best_heuristic"] == 0.5
+    assert "neuroshard_calibrated_tasks" not in summary(rows[:1] + rows[2:])

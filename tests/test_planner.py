@@ -381,3 +381,33 @@ def test_our_estimator_inside_torchrecs_planner_names_the_tables_outside_the_tra
     warned = [r.getMessage() for r in caplog.records if r.name == "torchrec_neuroshard.estimators"]
     assert len(warned) == 1, warned
     assert warned[0].startswith("1 table(s) lie outside the data the compute model was trained on ('tiny': log_rows 2.773")
+
+
+def test_a_row_wise_table_whose_blocks_lie_outside_the_training_data_is_named_in_the_one_warning(caplog) -> None:
+    """'rw' (1,000 rows) lies inside the CPU model's training data whole, but row-wise over
+    2 ranks its 500-row blocks, what the compute net prices, lie 1.2 standard deviations
+    below the smallest trained table: the plan's one warning names it by its blocks."""
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.stepcost import priced_tables
+
+    module = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name="rw", embedding_dim=32, num_embeddings=1000, feature_names=["f_rw"]),
+            EmbeddingBagConfig(name="x", embedding_dim=32, num_embeddings=20_000, feature_names=["f_x"]),
+        ],
+        device=torch.device("meta"),
+    )
+    cons = {"rw": ParameterConstraints(sharding_types=["row_wise"], pooling_factors=[2.0]), "x": ParameterConstraints(pooling_factors=[4.0])}
+    planner = NeuroShardPlanner(topology(), batch_size=512, constraints=cons)
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard"):
+        planner.plan(module, ROW_WISE_SHARDERS)
+    assert planner.plan_.kinds()["rw"].value == "row_wise"
+    model, tables = load_pretrained("cpu"), planner.task_.tables
+    assert model.out_of_range(tables) == {}  # whole, both tables lie inside
+    blocks = [t for t in priced_tables(tables, planner.plan_) if t.name == "rw"]
+    assert [(b.rows, b.pooling_factor) for b in blocks] == [(500, 1.0), (500, 1.0)]
+    warned = [r.getMessage() for r in caplog.records if "outside the data the compute model was trained on" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("1 table(s) lie outside") and "'rw': log_rows 6.215 (trained 7.206..12.63)" in warned[0]

@@ -146,6 +146,7 @@ def _plan(args: argparse.Namespace) -> None:
     from torchrec_neuroshard.heuristics import baseline_plan
     from torchrec_neuroshard.search import predicted_breakdown, search
     from torchrec_neuroshard.stats import format_plan_stats
+    from torchrec_neuroshard.stepcost import priced_tables
     from torchrec_neuroshard.tables import sharder_choices
 
     model = NeuralCostModel.load(args.model) if args.model else load_pretrained()
@@ -153,9 +154,6 @@ def _plan(args: argparse.Namespace) -> None:
         check_world_size(model, world)
     plans = []
     for i, task in tasks:
-        outside = feature_range_warning(model, task.tables)
-        if outside:
-            logger.warning("%s%s", f"task {i}: " if suite else "", outside)
         if args.planner == "neuroshard":
             result = search(task, model, choices=sharder_choices(task.tables, model.hardware.device))
             plan, devices, note = result.plan, result.devices, f"searched in {result.seconds:.2f} s"
@@ -163,6 +161,9 @@ def _plan(args: argparse.Namespace) -> None:
             plan = baseline_plan(args.planner, task, seed=args.seed)
             _, devices = predicted_breakdown(model, task, plan)
             note = ""
+        outside = feature_range_warning(model, priced_tables(task.tables, plan))
+        if outside:
+            logger.warning("%s%s", f"task {i}: " if suite else "", outside)
         title = f"{args.planner} plan" + (f" of task {i}" if suite else "")
         print(format_plan_stats(plan, task.tables, devices, task.memory_cap_bytes, task.batch_size, title=title))
         if note:

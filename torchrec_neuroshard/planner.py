@@ -34,6 +34,7 @@ from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats, stats_list, torchrec_sharding_options
+from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import module_tables
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
@@ -70,8 +71,9 @@ class NeuroShardPlanner(ShardingPlanner):
             (``costmodel.cost_model_for``: a hardware mismatch is warned about, a GPU model
             without comm gets the alpha-beta stand-in from the topology). Loaded on the
             first plan. Tables outside the data it was trained on are priced as the
-            nearest shards it learned, and one warning per plan names them
-            (``costmodel.feature_range_warning``).
+            nearest shards it learned, and one warning per plan names them, a row-wise
+            table by its row blocks (``costmodel.feature_range_warning`` of
+            ``stepcost.priced_tables``).
         search_config: the search's knobs (beam width, scales, ...).
         storage_reservation: a TorchRec ``StorageReservation`` (e.g. its default planner's
             ``HeuristicalStorageReservation(percentage=0.15)``), or a fraction of every rank's
@@ -220,10 +222,12 @@ class NeuroShardPlanner(ShardingPlanner):
             for t in decided.searched
         }
         model = self._cost_model()
-        outside = feature_range_warning(model, [t.spec for t in decided.searched])
+        result = search(task, model, self.search_config, choices, decided.decided)
+        # every table the compute net priced (not those triage replicated), a row-wise one as its blocks
+        replicated = {p.table for p in decided.decided if p.kind is ShardingKind.DATA_PARALLEL}
+        outside = feature_range_warning(model, priced_tables([t for t in task.tables if t.name not in replicated], result.plan))
         if outside:
             logger.warning("%s", outside)
-        result = search(task, model, self.search_config, choices, decided.decided)
         crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
         if crowded:
             logger.warning("%s", crowded)

@@ -554,10 +554,24 @@ def _search(
     if unknown:
         raise ValueError(f"fixed placements name tables {unknown} that are not in the task")
     if len(given) == len(task.tables):  # nothing left to place
-        plan = Plan(given, task.num_devices)
-        plan.validate(task)
-        prediction = predict_step(model, task, plan, embed)
-        return SearchResult(plan, prediction.cost_ms, prediction.devices, 0, time.perf_counter() - t0)
+        plan, evaluated = Plan(given, task.num_devices), 0
+    else:
+        plan, evaluated = _searched_plan(task, model, config, choices, given, embed)
+    plan.validate(task)
+    prediction = predict_step(model, task, plan, embed)
+    return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)
+
+
+def _searched_plan(
+    task: Task,
+    model: CostModel,
+    config: SearchConfig,
+    choices: Mapping[str, TableChoices],
+    given: tuple[TablePlacement, ...],
+    embed: CachedEmbedder,
+) -> tuple[Plan, int]:
+    """The best plan of the tables ``given`` leaves (kinds chosen, placed, seeded with the
+    heuristics' plans, improved locally), with ``given``; and the states evaluated."""
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
     fixed = _choose_kinds(task, model, config, choice, embed, given)
     searched, evaluated = _place(task, model, config, choice, fixed, embed)
@@ -576,10 +590,7 @@ def _search(
         index = {t.name: i for i, t in enumerate(rest.tables)}
         keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
         plan = _local_improve(rest, model, keys, plan, config.max_local_moves, _fixed_ms(model, task, fixed, embed))
-    plan = _with_fixed(plan, fixed, task)
-    plan.validate(task)
-    prediction = predict_step(model, task, plan, embed)
-    return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)
+    return _with_fixed(plan, fixed, task), evaluated
 
 
 def _free_memory(task: Task, fixed: Sequence[TablePlacement]) -> int:

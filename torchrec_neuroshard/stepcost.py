@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from torchrec_neuroshard.steparts import StepParts, collective_features, dp_features, input_dist_features
-from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, Shard, ShardingKind, TableSpec, Task
+from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, Shard, ShardingKind, TablePlacement, TableSpec, Task
 
 INDEX_BYTES = 8
 LENGTH_BYTES = 4
@@ -72,6 +72,24 @@ def row_block_spec(table: TableSpec, rows: int, world_size: int) -> TableSpec:
     """A row block as the compute net sees it: ``rows`` rows, each bag's lookups spread
     over the D blocks (about pooling / D of them land in one block)."""
     return replace(table, rows=max(1, rows), pooling_factor=table.pooling_factor / world_size)
+
+
+def row_blocks(table: TableSpec, placement: TablePlacement) -> list[tuple[int, TableSpec]]:
+    """(device, ``row_block_spec``) of each non-empty row block of a row-wise ``placement``."""
+    return [(d, row_block_spec(table, r, len(placement.devices))) for r, d in zip(placement.rows, placement.devices) if r > 0]
+
+
+def priced_tables(tables: Sequence[TableSpec], plan: Plan) -> list[TableSpec]:
+    """``tables`` as the compute net prices them in ``plan`` (``predict_step``): a row-wise
+    table as each of its row blocks, any other table whole. What
+    ``costmodel.feature_range_warning`` checks, so that a table whose blocks lie outside
+    the model's training data is named with the rest."""
+    placement = {p.table: p for p in plan.placements}
+    out: list[TableSpec] = []
+    for t in tables:
+        p = placement.get(t.name)
+        out += [spec for _, spec in row_blocks(t, p)] if p is not None and p.kind.splits_rows else [t]
+    return out
 
 
 DATA_PARALLEL_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
@@ -118,9 +136,8 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
             for w, d in zip(p.widths, p.devices):
                 group[d].append(Shard(table, w))
         else:
-            for r, d in zip(p.rows, p.devices):
-                if r > 0:
-                    blocks[d].append(Shard(row_block_spec(table, r, len(p.devices)), table.dim))
+            for d, block in row_blocks(table, p):
+                blocks[d].append(Shard(block, table.dim))
     groups = [column[k] for k in ShardingKind if k in column]
 
     # every group's kernel on every device, in one prediction: [G * D, 2] -> [D, 2]
