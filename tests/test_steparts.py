@@ -118,3 +118,21 @@ def test_a_tiny_hot_replicated_table_is_priced_near_its_measured_kernel() -> Non
     pred = data_parallel_ms(load_pretrained("cpu").step_parts, [table], batch, world)
     assert pred["dp_fwd"] / m.fwd.median_ms < 2.0
     assert 1 / 3 < (pred["dp_fwd"] + pred["dp_bwd"]) / (m.fwd.median_ms + m.bwd.median_ms) < 2.0
+
+
+def test_refit_fits_parts_into_a_model_without_them_and_refuses_other_hardware() -> None:
+    """The H200 model has no step parts; its data-parallel kernel rows (one H200) fit into
+    it with its nets unchanged, and CPU rows are refused for it."""
+    import torch
+
+    from torchrec_neuroshard.costmodel import PRETRAINED_DIR
+    from torchrec_neuroshard.lab.refit_steps import NETS, refit
+
+    data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+    checkpoint = torch.load(PRETRAINED_DIR / "h200.pt", map_location="cpu", weights_only=False)
+    assert "step_parts" not in checkpoint["meta"]
+    new, lines = refit(checkpoint, read_rows(data / "h200_step.jsonl.gz"))
+    assert sorted(new["meta"]["step_parts"]) == ["dp_bwd", "dp_fwd"] and len(lines) == 2
+    assert all(new[k] is checkpoint[k] for k in NETS if k in checkpoint)
+    with pytest.raises(ShardingError, match="AMD EPYC"):
+        refit(checkpoint, read_rows(data / "cpu_step.jsonl.gz")[:50])

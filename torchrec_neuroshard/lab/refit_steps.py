@@ -1,5 +1,5 @@
-"""Refit only the step parts of a saved model on new ``collect step`` rows; its nets stay
-bit for bit as they are.
+"""Refit only the step parts of a saved model on new ``collect step`` rows (or fit them into
+a model that has none); its nets stay bit for bit as they are.
 
     python -m torchrec_neuroshard.lab.refit_steps --model torchrec_neuroshard/pretrained/cpu.pt \
         --data torchrec_neuroshard/lab/data/cpu_step.jsonl.gz [--out cpu.pt]
@@ -7,7 +7,7 @@ bit for bit as they are.
 The parts are fitted as ``pretrain`` fits them (``fit_step_parts`` with the model's seed, no
 world size excluded), so a full ``neuroshard pretrain`` on the same rows stores the same
 parts. Prints each part's coefficients and test MAPE before (the stored parts, scored on
-the new split) and after.
+the new split) and after. Rows measured on other hardware than the model's are refused.
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ def refit(checkpoint: dict, rows: list[dict]) -> tuple[dict, list[str]]:
     """A copy of ``checkpoint`` with meta's step parts and their test metrics refitted on
     ``rows``, and one report line per part."""
     meta = checkpoint["meta"]
-    if "step_parts" not in meta:
-        raise ShardingError("this model has no step parts to refit; pretrain it with `collect step` rows in --data")
+    _check_hardware(meta["hardware"], rows)
     seed = meta["seed"]
     data = load_step_data(rows)
     parts, test = fit_step_parts(data, seed)
@@ -40,7 +39,7 @@ def refit(checkpoint: dict, rows: list[dict]) -> tuple[dict, list[str]]:
         _, _, held = split_by_group(d.group, seed)
         after = f"{test[name]['test']['mape']:.1f}; coef {[round(c, 4) for c in parts.parts[name].coef]}"
         try:  # the stored part, if its features are still this part's
-            old = LinearPart(name, tuple(meta["step_parts"][name]))
+            old = LinearPart(name, tuple(meta.get("step_parts", {})[name]))
         except (KeyError, ShardingError):
             lines.append(f"{name}: {len(d)} rows, test MAPE % (stored part absent or of other features) -> {after}")
             continue
@@ -53,6 +52,18 @@ def refit(checkpoint: dict, rows: list[dict]) -> tuple[dict, list[str]]:
         "test": {**meta["test"], "step_parts": test},
     }
     return {**checkpoint, "meta": new_meta}, lines
+
+
+def _check_hardware(model_hardware: dict, rows: list[dict]) -> None:
+    """Refuse step rows measured on other hardware than the model's nets (device and its
+    name): parts and nets of one model must price one machine."""
+    want = (model_hardware.get("device"), model_hardware.get("device_name"))
+    other = sorted({(r["hardware"].get("device"), r["hardware"].get("device_name")) for r in rows if "hardware" in r} - {want})
+    if other:
+        raise ShardingError(
+            f"step rows measured on {other}, but the model's nets were measured on {want}; "
+            "pass only `collect step` files from the model's hardware"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
