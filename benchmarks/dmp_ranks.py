@@ -1,0 +1,90 @@
+"""Each rank's embedding time under DMP for some plans of one dmp_step task, beside the
+shipped model's prediction of each device: where a plan the model calls balanced is not.
+
+    python -m benchmarks.dmp_ranks T45_D2_pool0 neuroshard,size_lookup,neuroshard_calibrated \
+        --results benchmarks/results/dmp_step_calibrated.jsonl
+
+Re-runs the plans a ``benchmarks.dmp_step`` results file recorded for the task (same task,
+model and batches as there, ``--steps`` interleaved steps) and prints, per plan and rank,
+the median step, the median time in the sharded embeddings forward and backward, and the
+shipped model's predicted compute and comm of that device: priced as one module of all
+tables (as dmp_step's "predicted ms") and summed over the model's modules priced apart
+(each EmbeddingBagCollection runs its own kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from benchmarks.dmp_step import PlannedTask, StepConfig, StepModel, _worker, feature_groups, generated_tasks, task_bags
+from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.lab.launch import spawn
+from torchrec_neuroshard.lab.workloads import WorkloadScale
+from torchrec_neuroshard.sharding import to_torchrec
+from torchrec_neuroshard.stepcost import predict_step
+from torchrec_neuroshard.types import Plan, Task
+
+HERE = Path(__file__).parent
+
+
+def task_of(label: str) -> Task:
+    """The generated task of a dmp_step label ``T{tables}_D{devices}_pool{seed}``."""
+    tables, devices, pool = label.split("_")
+    return generated_tasks([int(tables[1:])], [int(pool[4:])], int(devices[1:]), WorkloadScale())[0][0]
+
+
+def module_compute_ms(task: Task, plan: Plan, modules: list[list[str]], device: int) -> float:
+    """The shipped model's compute of ``device``, each module's tables priced as a plan of their own."""
+    model = load_pretrained("cpu").with_batch_size(task.batch_size)
+    by_name = {t.name: t for t in task.tables}
+    total = 0.0
+    for names in modules:
+        sub = Task(tuple(by_name[n] for n in names), task.num_devices, task.memory_cap_bytes, task.batch_size)
+        cost = predict_step(model, sub, Plan(tuple(p for p in plan.placements if p.table in names), task.num_devices))
+        total += cost.devices[device].fwd_compute + cost.devices[device].bwd_compute
+    return total
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("task", help="a dmp_step task label, e.g. T45_D2_pool0")
+    p.add_argument("planners", help="comma-separated planner names of that results file")
+    p.add_argument("--results", type=Path, default=HERE / "results" / "dmp_step_calibrated.jsonl")
+    p.add_argument("--steps", type=int, default=30)
+    args = p.parse_args(argv)
+    task = task_of(args.task)
+    config = StepConfig(steps=args.steps, warmup=3)
+    rows = [json.loads(line) for line in args.results.read_text().splitlines()]
+    wanted = args.planners.split(",")
+    ours = {r["planner"]: Plan.from_dict(r["plan"]) for r in rows if r["task"] == args.task and r["planner"] in wanted}
+    missing = sorted(set(wanted) - set(ours))
+    if missing:
+        p.error(f"{args.results} has no plan of {missing} for task {args.task}")
+    module = StepModel(task, config, torch.device("cpu"))
+    plans = {name: to_torchrec(plan, module, "cpu") for name, plan in ours.items()}
+    per_rank = spawn(_worker, task.num_devices, PlannedTask(task, args.task, plans, {}, dict.fromkeys(plans, True)), task_bags(task, config), config)
+    model = load_pretrained("cpu").with_batch_size(task.batch_size)
+    modules = feature_groups(task, config)
+    print(f"{args.task}, {args.steps} steps; per rank: median step / embedding forward / backward ms | "
+          "predicted compute (one module; modules apart) and comm ms\n")
+    print("| planner | rank | step | emb fwd | emb bwd | pred compute | pred compute, modules apart | pred comm |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, plan in ours.items():
+        predicted = predict_step(model, task, plan)
+        for rank in range(task.num_devices):
+            steps = per_rank[rank][name]["steps"]  # per step: (step, emb fwd, emb bwd, cpu) ms
+            step, fwd, bwd = (statistics.median(s[k] for s in steps) for k in range(3))
+            d = predicted.devices[rank]
+            print(
+                f"| {name} | {rank} | {step:.0f} | {fwd:.0f} | {bwd:.0f} | {d.fwd_compute + d.bwd_compute:.1f} | "
+                f"{module_compute_ms(task, plan, modules, rank):.1f} | {d.fwd_comm + d.bwd_comm:.1f} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
