@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.dmp_step import PlannedTask, StepConfig, StepModel, _worker, feature_groups, generated_tasks, task_bags
-from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.sharding import to_torchrec
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("planners", help="comma-separated planner names of that results file")
     p.add_argument("--results", type=Path, default=HERE / "results" / "dmp_step_calibrated.jsonl")
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--calibrated", type=Path, help="a model file made by `neuroshard calibrate`: its compute too")
     args = p.parse_args(argv)
     task = task_of(args.task)
     config = StepConfig(steps=args.steps, warmup=3)
@@ -69,20 +70,24 @@ def main(argv: list[str] | None = None) -> None:
     plans = {name: to_torchrec(plan, module, "cpu") for name, plan in ours.items()}
     per_rank = spawn(_worker, task.num_devices, PlannedTask(task, args.task, plans, {}, dict.fromkeys(plans, True)), task_bags(task, config), config)
     model = load_pretrained("cpu").with_batch_size(task.batch_size)
+    calibrated = NeuralCostModel.load(args.calibrated).with_batch_size(task.batch_size) if args.calibrated else None
     modules = feature_groups(task, config)
     print(f"{args.task}, {args.steps} steps; per rank: median step / embedding forward / backward ms | "
           "predicted compute (one module; modules apart) and comm ms\n")
-    print("| planner | rank | step | emb fwd | emb bwd | pred compute | pred compute, modules apart | pred comm |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra = " calibrated pred compute |" if calibrated else ""
+    print(f"| planner | rank | step | emb fwd | emb bwd | pred compute | pred compute, modules apart | pred comm |{extra}")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if calibrated else ""))
     for name, plan in ours.items():
         predicted = predict_step(model, task, plan)
+        recalibrated = predict_step(calibrated, task, plan).devices if calibrated else None
         for rank in range(task.num_devices):
             steps = per_rank[rank][name]["steps"]  # per step: (step, emb fwd, emb bwd, cpu) ms
             step, fwd, bwd = (statistics.median(s[k] for s in steps) for k in range(3))
             d = predicted.devices[rank]
+            cal = f" {recalibrated[rank].fwd_compute + recalibrated[rank].bwd_compute:.1f} |" if recalibrated else ""
             print(
                 f"| {name} | {rank} | {step:.0f} | {fwd:.0f} | {bwd:.0f} | {d.fwd_compute + d.bwd_compute:.1f} | "
-                f"{module_compute_ms(task, plan, modules, rank):.1f} | {d.fwd_comm + d.bwd_comm:.1f} |"
+                f"{module_compute_ms(task, plan, modules, rank):.1f} | {d.fwd_comm + d.bwd_comm:.1f} |{cal}"
             )
 
 
