@@ -101,3 +101,25 @@ def test_comm_samples_fine_tune_a_neural_comm_or_replace_the_alpha_beta_stand_in
     from_scratch = fine_tune(gpu_base, rows, epochs=3, progress=False)
     assert from_scratch.comm is not None and from_scratch.meta["world_sizes_trained"] == [2]
     assert from_scratch.meta["calibration"]["comm_holdout"]["before"] is None
+
+
+def test_busy_neighbours_run_beside_the_block_only() -> None:
+    import torch.multiprocessing as mp
+
+    from torchrec_neuroshard.lab.calibrate import busy_neighbours
+
+    with busy_neighbours(0, WorkloadScale(1024, 256)):
+        assert not mp.active_children()
+    with busy_neighbours(1, WorkloadScale(1024, 256)):
+        neighbours = mp.active_children()
+        assert len(neighbours) == 1 and neighbours[0].is_alive()
+    assert not neighbours[0].is_alive() and neighbours[0].exitcode == 0  # stopped, not killed
+
+
+def test_calibrate_beside_busy_neighbours_keeps_its_samples_apart_and_says_so(tmp_path, capsys) -> None:
+    out, data = tmp_path / "busy.pt", tmp_path / "calib"
+    args = ["calibrate", "--device", "cpu", "--epochs", "2", "--samples", "5", "--data-dir", str(data), "--out", str(out)]
+    assert main(args + ["--busy-neighbours", "1"]) == 0
+    assert len(read_rows(data / "compute_busy1.jsonl")) == 5 and not (data / "compute.jsonl").exists()
+    assert "beside 1 busy neighbour" in capsys.readouterr().out
+    assert NeuralCostModel.load(out).meta["calibration"]["busy_neighbours"] == 1

@@ -70,7 +70,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
     from torchrec_neuroshard.hardware import cpu_cores
     from torchrec_neuroshard.lab import collect
-    from torchrec_neuroshard.lab.calibrate import CALIBRATION_SEED, calibration_indices, fine_tune
+    from torchrec_neuroshard.lab.calibrate import CALIBRATION_SEED, busy_neighbours, calibration_indices, fine_tune
     from torchrec_neuroshard.lab.launch import default_device
     from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 
@@ -91,11 +91,15 @@ def _calibrate(args: argparse.Namespace) -> None:
         base = load_pretrained(args.base)
     scale = WorkloadScale.for_device(device)
     data_dir = Path(args.data_dir)
-    compute_path, comm_path = data_dir / "compute.jsonl", data_dir / "comm.jsonl"
+    if args.busy_neighbours and device.type != "cpu":
+        raise SystemExit("--busy-neighbours times CPU kernels beside other ranks' kernels; a GPU's ranks do not share it")
+    busy = f"_busy{args.busy_neighbours}" if args.busy_neighbours else ""  # samples of another condition, kept apart
+    compute_path, comm_path = data_dir / f"compute{busy}.jsonl", data_dir / "comm.jsonl"
     indices = calibration_indices(synthetic_pool(), scale, args.samples)
-    collect.collect_compute(
-        compute_path, args.samples, device, scale, seed=CALIBRATION_SEED, num_threads=args.threads, sample_indices=indices
-    )
+    with busy_neighbours(args.busy_neighbours, scale):
+        collect.collect_compute(
+            compute_path, args.samples, device, scale, seed=CALIBRATION_SEED, num_threads=args.threads, sample_indices=indices
+        )
     t_compute = time.perf_counter() - t0
     for d in args.world_size:
         collect.collect_comm(comm_path, d, args.comm_samples, seed=CALIBRATION_SEED)
@@ -104,6 +108,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     for d in args.world_size:
         rows += [r for r in collect.iter_kind(collect.read_rows(comm_path), "comm") if r["world_size"] == d][: args.comm_samples]
     model = fine_tune(base, rows, epochs=args.epochs, seed=args.seed)
+    model.meta["calibration"]["busy_neighbours"] = args.busy_neighbours
     model.save(args.out)
     cal = model.meta["calibration"]
     before, after = cal["compute_holdout"]["before"], cal["compute_holdout"]["after"]
@@ -111,6 +116,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         f"calibrated {cal['base']['hardware']['device']} {cal['base']['hardware'].get('device_name')} model to "
         f"{model.hardware.describe()} on {cal['compute_samples']} compute samples"
         + (f" and {cal['comm_samples']} comm samples (D={args.world_size})" if "comm_samples" in cal else "")
+        + (f", compute timed beside {args.busy_neighbours} busy neighbour(s)" if args.busy_neighbours else "")
     )
     print(
         f"held-out compute fwd+bwd ({before['samples']} samples): MAPE {before['mape_total']:.1f}% -> "
@@ -241,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--data-dir", default="neuroshard_calibration", help="where the measured samples go (resumable)")
     k.add_argument("--epochs", type=int, default=100, help="most fine-tuning epochs (early-stopped)")
     k.add_argument("--threads", type=int, default=1, help="CPU: torch threads for compute")
+    k.add_argument(
+        "--busy-neighbours", type=int, default=0,
+        help="CPU: time compute with this many other processes running kernels beside it, as the other ranks "
+        "of a host do in a training step (e.g. 1 for 2 ranks per host); default 0, the kernel alone",
+    )
     k.add_argument("--seed", type=int, default=0)
     k.set_defaults(func=_calibrate)
 

@@ -14,14 +14,20 @@ fixed candidate list of ``CANDIDATES`` draws (seed ``CALIBRATION_SEED``), and ta
 robin over strata of (table count, total width, mean pooling factor), so the first n of the
 order spread over the space for every n. Measuring appends to files under ``--data-dir``
 and resumes where they stop, like ``collect``.
+
+Neighbours: on a CPU host the ranks of a training step share the cores, caches and memory,
+and a kernel timed alone does not see that. ``--busy-neighbours K`` times the compute
+samples with K other processes running fused kernels beside them (``busy_neighbours``), as
+K other ranks of the host do; those samples go to a file of their own (``compute_busyK``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import defaultdict
-from typing import Hashable, Sequence
+from typing import Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -91,6 +97,54 @@ def covering_rows(rows: Sequence[dict], count: int) -> list[dict]:
         shards = [shard_from_record(s) for s in r["shards"]]
         keys.append(stratum([s.width for s in shards], [s.table.pooling_factor for s in shards]))
     return [rows[i] for i in covering_order(keys)[:count]]
+
+
+BUSY_SEED = CALIBRATION_SEED + 1
+"""Seed of the kernels the busy neighbours run (other draws than the measured ones)."""
+
+
+def _busy_loop(scale: WorkloadScale, index: int, stop: object) -> None:
+    """A neighbour: fused kernels of compute samples (forward and backward), one thread,
+    one after another until ``stop`` (a multiprocessing Event) is set."""
+    import torch
+
+    from torchrec_neuroshard.lab.collect import PoolLookups
+    from torchrec_neuroshard.lab.measure_compute import measure_compute
+    from torchrec_neuroshard.lab.workloads import synthetic_pool
+
+    pool = synthetic_pool()
+    bank = PoolLookups(pool, scale)
+    i = 0
+    while not stop.is_set():  # type: ignore[attr-defined]
+        shards, lookups = bank.shards(draw_compute_sample(pool, scale, BUSY_SEED + index, i))
+        measure_compute(shards, lookups, torch.device("cpu"), warmup=0, repeats=3)
+        i += 1
+
+
+@contextlib.contextmanager
+def busy_neighbours(count: int, scale: WorkloadScale) -> Iterator[None]:
+    """Run ``count`` processes of fused kernels beside the block: samples measured inside
+    it are timed as one rank of ``count + 1`` on a host whose ranks share the CPU's cores,
+    caches and memory (the data-parallel training step does that to every kernel)."""
+    if count <= 0:
+        yield
+        return
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_busy_loop, args=(scale, k, stop), daemon=True) for k in range(count)]
+    for proc in procs:
+        proc.start()
+    try:
+        time.sleep(2.0)  # the neighbours import torch and build their first kernel
+        yield
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.terminate()
 
 
 def _split(groups: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
