@@ -50,22 +50,33 @@ def module_compute_ms(task: Task, plan: Plan, modules: list[list[str]], device: 
     return total
 
 
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """A dmp_step task label, planner names and the results file holding their plans."""
+    parser.add_argument("task", help="a dmp_step task label, e.g. T45_D2_pool0")
+    parser.add_argument("planners", help="comma-separated planner names of that results file")
+    parser.add_argument("--results", type=Path, default=HERE / "results" / "dmp_step_calibrated.jsonl")
+
+
+def stored_plans(results: Path, task: str, planners: str) -> dict[str, Plan]:
+    """The plans ``results`` recorded for ``task`` by the comma-separated ``planners``."""
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    wanted = planners.split(",")
+    plans = {r["planner"]: Plan.from_dict(r["plan"]) for r in rows if r["task"] == task and r["planner"] in wanted}
+    missing = sorted(set(wanted) - set(plans))
+    if missing:
+        raise SystemExit(f"{results} has no plan of {missing} for task {task}")
+    return plans
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("task", help="a dmp_step task label, e.g. T45_D2_pool0")
-    p.add_argument("planners", help="comma-separated planner names of that results file")
-    p.add_argument("--results", type=Path, default=HERE / "results" / "dmp_step_calibrated.jsonl")
+    add_task_arguments(p)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--calibrated", type=Path, help="a model file made by `neuroshard calibrate`: its compute too")
     args = p.parse_args(argv)
     task = task_of(args.task)
     config = StepConfig(steps=args.steps, warmup=3)
-    rows = [json.loads(line) for line in args.results.read_text().splitlines()]
-    wanted = args.planners.split(",")
-    ours = {r["planner"]: Plan.from_dict(r["plan"]) for r in rows if r["task"] == args.task and r["planner"] in wanted}
-    missing = sorted(set(wanted) - set(ours))
-    if missing:
-        p.error(f"{args.results} has no plan of {missing} for task {args.task}")
+    ours = stored_plans(args.results, args.task, args.planners)
     module = StepModel(task, config, torch.device("cpu"))
     plans = {name: to_torchrec(plan, module, "cpu") for name, plan in ours.items()}
     per_rank = spawn(_worker, task.num_devices, PlannedTask(task, args.task, plans, {}, dict.fromkeys(plans, True)), task_bags(task, config), config)

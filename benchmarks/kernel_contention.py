@@ -12,21 +12,18 @@ timed alone prices the first; the step pays the second.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.dmp_ranks import task_of
+from benchmarks.dmp_ranks import add_task_arguments, stored_plans, task_of
 from benchmarks.dmp_step import StepConfig, feature_groups
 from torchrec_neuroshard.lab.evaluate import lookup_groups, task_lookups
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.types import Plan, Shard
 
-HERE = Path(__file__).parent
 MODES = ("alone", "together")
 
 
@@ -61,17 +58,10 @@ def _worker(rank: int, world: int, label: str, plans: dict[str, dict], rounds: i
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("task", help="a dmp_step task label, e.g. T45_D2_pool0")
-    p.add_argument("planners", help="comma-separated planner names of that results file")
-    p.add_argument("--results", type=Path, default=HERE / "results" / "dmp_step_calibrated.jsonl")
+    add_task_arguments(p)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
-    rows = [json.loads(line) for line in args.results.read_text().splitlines()]
-    wanted = args.planners.split(",")
-    plans = {r["planner"]: r["plan"] for r in rows if r["task"] == args.task and r["planner"] in wanted}
-    missing = sorted(set(wanted) - set(plans))
-    if missing:
-        p.error(f"{args.results} has no plan of {missing} for task {args.task}")
+    plans = {name: plan.to_dict() for name, plan in stored_plans(args.results, args.task, args.planners).items()}
     world = task_of(args.task).num_devices
     per_rank = spawn(_worker, world, args.task, plans, args.rounds)
     print(f"{args.task}, {args.rounds} rounds; per device, its fused kernels' forward + backward ms (medians)\n")
