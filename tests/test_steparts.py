@@ -136,3 +136,25 @@ def test_refit_fits_parts_into_a_model_without_them_and_refuses_other_hardware()
     assert all(new[k] is checkpoint[k] for k in NETS if k in checkpoint)
     with pytest.raises(ShardingError, match="AMD EPYC"):
         refit(checkpoint, read_rows(data / "cpu_step.jsonl.gz")[:50])
+
+
+def test_refit_keeps_the_parts_its_rows_hold_no_samples_of_and_refuses_rows_of_none() -> None:
+    """Refitting the CPU model on its "dp" rows alone refits the data-parallel parts and
+    keeps the others as stored; rows with no step samples are refused."""
+    import torch
+
+    from torchrec_neuroshard.costmodel import PRETRAINED_DIR
+    from torchrec_neuroshard.lab.refit_steps import refit
+
+    data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+    checkpoint = torch.load(PRETRAINED_DIR / "cpu.pt", map_location="cpu", weights_only=False)
+    stored = checkpoint["meta"]["step_parts"]
+    dp_rows = [r for r in read_rows(data / "cpu_step.jsonl.gz") if r["kind"] == "dp"]
+    new, lines = refit(checkpoint, dp_rows)
+    parts = new["meta"]["step_parts"]
+    assert sorted(parts) == sorted(stored)
+    assert all(parts[k] == stored[k] for k in stored if not k.startswith("dp_"))
+    assert sorted(new["meta"]["test"]["step_parts"]) == sorted(checkpoint["meta"]["test"]["step_parts"])
+    assert lines[-1].startswith("kept as stored") and "input_dist" in lines[-1]
+    with pytest.raises(ShardingError, match="no `collect step` samples"):
+        refit(checkpoint, [r for r in read_rows(data / "cpu_step.jsonl.gz") if r["kind"] == "nothing"])

@@ -28,28 +28,38 @@ NETS = ("compute_state", "compute_norm", "sequence_state", "sequence_norm", "com
 
 def refit(checkpoint: dict, rows: list[dict]) -> tuple[dict, list[str]]:
     """A copy of ``checkpoint`` with meta's step parts and their test metrics refitted on
-    ``rows``, and one report line per part."""
+    ``rows``, and one report line per part. A stored part of which ``rows`` hold no
+    samples is kept as it is (a file of "dp" rows refits the data-parallel parts only)."""
     meta = checkpoint["meta"]
     _check_hardware(meta["hardware"], rows)
     seed = meta["seed"]
     data = load_step_data(rows)
+    if not data:
+        raise ShardingError("no `collect step` samples in the rows given; pass the files `neuroshard collect step` wrote")
     parts, test = fit_step_parts(data, seed)
+    stored = meta.get("step_parts", {})
     lines = []
     for name, d in data.items():
         _, _, held = split_by_group(d.group, seed)
         after = f"{test[name]['test']['mape']:.1f}; coef {[round(c, 4) for c in parts.parts[name].coef]}"
         try:  # the stored part, if its features are still this part's
-            old = LinearPart(name, tuple(meta.get("step_parts", {})[name]))
+            old = LinearPart(name, tuple(stored[name]))
         except (KeyError, ShardingError):
             lines.append(f"{name}: {len(d)} rows, test MAPE % (stored part absent or of other features) -> {after}")
             continue
         before = mape(torch.from_numpy(old.predict(d.x[held])), torch.from_numpy(d.y[held]))
         lines.append(f"{name}: {len(d)} rows, test MAPE % {before:.1f}; coef {[round(c, 4) for c in old.coef]} -> {after}")
+    kept = sorted(set(stored) - set(data))
+    if kept:
+        lines.append(f"kept as stored (no samples of them given): {', '.join(kept)}")
     new_meta = {
         **meta,
-        "step_parts": parts.to_dict(),
-        "step_parts_world_sizes": {n: sorted(set(d.world_size.tolist())) for n, d in data.items()},
-        "test": {**meta["test"], "step_parts": test},
+        "step_parts": {**stored, **parts.to_dict()},
+        "step_parts_world_sizes": {
+            **meta.get("step_parts_world_sizes", {}),
+            **{n: sorted(set(d.world_size.tolist())) for n, d in data.items()},
+        },
+        "test": {**meta["test"], "step_parts": {**meta["test"].get("step_parts", {}), **test}},
     }
     return {**checkpoint, "meta": new_meta}, lines
 
