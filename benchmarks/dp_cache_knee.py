@@ -19,7 +19,7 @@ import torch
 
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.collect_step import DP_KINDS
-from torchrec_neuroshard.lab.pretrain import SMALL_GROUP_OFFSET, mape, split_by_group
+from torchrec_neuroshard.lab.pretrain import mape, split_by_group, step_group
 from torchrec_neuroshard.steparts import DP_CACHED_TABLE_MB, LinearPart, dp_features
 
 HERE = Path(__file__).parent
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     rows = [r for r in read_rows(args.data) if r.get("kind") in DP_KINDS]
     small = np.asarray([r["kind"] == "dp_small" for r in rows])  # [N]
-    group = np.asarray([r["world_size"] * 1_000_000 + SMALL_GROUP_OFFSET * s + r["group"] for r, s in zip(rows, small)])
+    group = np.asarray([step_group(r) for r in rows])  # [N]
     train, val, _ = split_by_group(group, args.seed)
     y = np.asarray([r["fwd_ms"] for r in rows])  # [N]
     lines = [

@@ -55,8 +55,8 @@ MIN_SAMPLES = 30
 """Fewest sample groups (of compute, or of comm) pre-training takes: split 80/10/10, that
 leaves 3 each to early-stop on and to test with; fewer give meaningless (or NaN) metrics."""
 SMALL_GROUP_OFFSET = 500_000
-"""Added to a "dp_small" sample's index in its split group (world size x 1e6 + index): a
-group apart from the "dp" sample of the same index."""
+"""Added to a "dp_small" sample's index in its split group (``step_group``): a group apart
+from the "dp" sample of the same index."""
 
 # ---------------------------------------------------------------- data
 
@@ -165,6 +165,12 @@ class PartData:
         return len(self.y)
 
 
+def step_group(row: dict) -> int:
+    """The split group of a ``collect step`` row: world size x 1e6 + sample index, a
+    "dp_small" sample ``SMALL_GROUP_OFFSET`` apart from the "dp" sample of its index."""
+    return row["world_size"] * 1_000_000 + SMALL_GROUP_OFFSET * (row["kind"] == "dp_small") + row["group"]
+
+
 def load_step_data(rows: Sequence[dict]) -> dict[str, PartData]:
     """The step parts present in ``rows`` (``neuroshard collect step``), features computed
     from each row's raw quantities by ``steparts``' functions; one row per rank for the
@@ -176,7 +182,7 @@ def load_step_data(rows: Sequence[dict]) -> dict[str, PartData]:
         xs, ys, gs, ws = cols.setdefault(part, ([], [], [], []))
         xs.append(x)
         ys.append(y)
-        gs.append(r["world_size"] * 1_000_000 + SMALL_GROUP_OFFSET * (r["kind"] == "dp_small") + r["group"])
+        gs.append(step_group(r))
         ws.append(r["world_size"])
 
     for r in rows:
@@ -193,9 +199,9 @@ def load_step_data(rows: Sequence[dict]) -> dict[str, PartData]:
             if len(sizes) != 1:
                 raise ShardingError(f"dp sample {r['group']} (D={d}) mixes weight sizes {sorted(sizes)}; one kernel has one")
             bytes_per_element = sizes.pop()
-            rows_ = [t["rows"] for t in r["tables"]]
+            table_rows = [t["rows"] for t in r["tables"]]
             for part, field in (("dp_fwd", "fwd_ms"), ("dp_bwd", "bwd_ms")):
-                add(part, dp_features(part, r["lookups"], widths, rows_, r["local_batch"], bytes_per_element), r[field], r)
+                add(part, dp_features(part, r["lookups"], widths, table_rows, r["local_batch"], bytes_per_element), r[field], r)
     return {
         part: PartData(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), np.asarray(g), np.asarray(w))
         for part, (x, y, g, w) in sorted(cols.items())
