@@ -27,7 +27,7 @@ from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stepcost import predict_step
-from torchrec_neuroshard.types import Plan, Task
+from torchrec_neuroshard.types import CostModel, Plan, Task
 
 HERE = Path(__file__).parent
 
@@ -38,9 +38,9 @@ def task_of(label: str) -> Task:
     return generated_tasks([int(tables[1:])], [int(pool[4:])], int(devices[1:]), WorkloadScale())[0][0]
 
 
-def module_compute_ms(task: Task, plan: Plan, modules: list[list[str]], device: int) -> float:
-    """The shipped model's compute of ``device``, each module's tables priced as a plan of their own."""
-    model = load_pretrained("cpu").with_batch_size(task.batch_size)
+def module_compute_ms(model: CostModel, task: Task, plan: Plan, modules: list[list[str]], device: int) -> float:
+    """``model``'s compute of ``device`` (at the task's batch), each module's tables priced
+    as a plan of their own."""
     by_name = {t.name: t for t in task.tables}
     total = 0.0
     for names in modules:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
             cal = f" {recalibrated[rank].fwd_compute + recalibrated[rank].bwd_compute:.1f} |" if recalibrated else ""
             print(
                 f"| {name} | {rank} | {step:.0f} | {fwd:.0f} | {bwd:.0f} | {d.fwd_compute + d.bwd_compute:.1f} | "
-                f"{module_compute_ms(task, plan, modules, rank):.1f} | {d.fwd_comm + d.bwd_comm:.1f} |{cal}"
+                f"{module_compute_ms(model, task, plan, modules, rank):.1f} | {d.fwd_comm + d.bwd_comm:.1f} |{cal}"
             )
 
 
