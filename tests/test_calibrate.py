@@ -123,3 +123,9 @@ def test_calibrate_beside_busy_neighbours_keeps_its_samples_apart_and_says_so(tm
     assert len(read_rows(data / "compute_busy1.jsonl")) == 5 and not (data / "compute.jsonl").exists()
     assert "beside 1 busy neighbour" in capsys.readouterr().out
     assert NeuralCostModel.load(out).meta["calibration"]["busy_neighbours"] == 1
+
+
+def test_calibrate_refuses_a_negative_count_of_busy_neighbours(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="--busy-neighbours -1"):
+        main(["calibrate", "--device", "cpu", "--busy-neighbours", "-1", "--data-dir", str(tmp_path), "--out", str(tmp_path / "m.pt")])
+    assert not list(tmp_path.iterdir())  # refused before measuring anything
