@@ -298,3 +298,20 @@ def test_a_table_far_outside_the_training_data_is_priced_as_the_nearest_learned_
     assert warned[0].startswith("1 table(s) lie outside the data the compute model was trained on ('tiny': log_rows 2.773")
     assert "access_bin_14 1 (trained 0..0.00039)" in warned[0]
     assert "`neuroshard collect compute`" in warned[0] and "`neuroshard pretrain`" in warned[0]
+
+
+def test_a_tasks_modules_must_name_every_table_once() -> None:
+    d = task_dict()
+    d["tables"].append({**d["tables"][0], "name": "u"})
+    d["modules"] = [["t"], ["u"]]
+    task = Task.from_json(json.dumps(d))
+    assert task.modules == (("t",), ("u",)) and Task.from_json(task.to_json()) == task
+    for modules, named in [([["t", "u"], ["u"]], r"named twice or unknown \['u'\]"), ([["t"]], r"in no module \['u'\]"),
+                           ([["t"], ["u", "x"]], r"unknown \['x'\]"), ([["t", "u"], []], "non-empty")]:
+        d["modules"] = modules
+        with pytest.raises(ShardingError, match=named):
+            Task.from_json(json.dumps(d))
+    for not_lists in ("tu", 5, [5]):
+        d["modules"] = not_lists
+        with pytest.raises(ShardingError, match="modules must be lists of table names"):
+            Task.from_json(json.dumps(d))

@@ -209,6 +209,14 @@ def test_decisions_do_not_depend_on_table_or_module_order() -> None:
     assert decisions[0]["big"].kind.value == "row_wise" and decisions[0]["rep"].kind.value == "data_parallel"
 
 
+def test_each_sharded_module_is_a_module_of_the_task_it_searches() -> None:
+    user = [("u1", 64, 400), ("u2", 32, 300)]
+    item = [("i1", 128, 200), ("i2", 16, 200), ("i3", 64, 100)]
+    planner = NeuroShardPlanner(topology(2, 500_000), batch_size=64, storage_reservation=0.0)
+    planner.plan(_TwoEBCs(_ebc(user), _ebc(item)), SHARDERS)
+    assert planner.task_.modules == (("u1", "u2"), ("i1", "i2", "i3"))
+
+
 def test_batch_size_is_the_per_rank_batch_as_in_torchrecs_planner() -> None:
     """NeuroShard and our estimator inside TorchRec's planner, given the same batch_size,
     price the same table-wise shard at the same load: per-rank batch x world size."""

@@ -1,5 +1,6 @@
 """NeuroShard's search and the baselines, scored with the shipped cost model."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -259,3 +260,43 @@ def test_greedy_runs_placed_together_are_the_runs_placed_alone(seed) -> None:
         assert run.cost[0] == together.cost[r]
         np.testing.assert_array_equal(run.assign[0], together.assign[r, :n])
         assert (run.died_at[0], run.free_at_death[0]) == (together.died_at[r], together.free_at_death[r])
+
+
+def _four_heavy_tables_in_two_modules() -> Task:
+    from torchrec_neuroshard.lab.workloads import table_spec
+
+    heavy = max(synthetic_pool(), key=lambda t: t.pooling_factor)
+    tables = tuple(table_spec(heavy, 64, WorkloadScale(), name=n) for n in ("a1", "a2", "b1", "b2"))
+    return Task(tables, 2, 10 * sum(t.size_bytes() for t in tables), 4096, modules=(("a1", "a2"), ("b1", "b2")))
+
+
+def test_a_step_of_several_modules_pays_each_modules_slowest_device(model) -> None:
+    from torchrec_neuroshard.stepcost import predict_step
+
+    task = _four_heavy_tables_in_two_modules()
+    at_batch = model.with_batch_size(task.batch_size)
+    stacked = Plan(tuple(TablePlacement(n, (64,), (d,)) for n, d in [("a1", 0), ("a2", 0), ("b1", 1), ("b2", 1)]), 2)
+    whole = predict_step(at_batch, dataclasses.replace(task, modules=()), stacked)
+    apart = [predict_step(at_batch, task.subset(m), Plan(tuple(p for p in stacked.placements if p.table in m), 2)) for m in task.modules]
+    priced = predict_step(at_batch, task, stacked)
+    assert priced.cost_ms == pytest.approx(sum(p.cost_ms for p in apart))
+    assert [d.total for d in priced.devices] == pytest.approx([sum(p.devices[d].total for p in apart) for d in range(2)])
+    # every device waits on the other in each module: the step pays both devices' work
+    assert priced.cost_ms > 1.5 * whole.cost_ms
+    one_module = dataclasses.replace(task, modules=(("a1", "a2", "b1", "b2"),))
+    assert predict_step(at_batch, one_module, stacked).cost_ms == pytest.approx(whole.cost_ms)
+
+
+def test_the_search_balances_each_module_not_only_each_device(model) -> None:
+    task = _four_heavy_tables_in_two_modules()
+    result = search(task, model)
+    result.plan.validate(task)
+    for module in task.modules:  # a plan balanced only per device may stack a module on one device
+        assert {d for n in module for d in result.plan.placement(n).devices} == {0, 1}
+    stacked = Plan(tuple(TablePlacement(n, (64,), (d,)) for n, d in [("a1", 0), ("a2", 0), ("b1", 1), ("b2", 1)]), 2)
+    assert result.predicted_cost_ms < predicted_breakdown(model, task, stacked)[0]
+    # the same plan up to the devices' labels (the four tables are alike) in any table or module order
+    reordered = search(dataclasses.replace(task, tables=task.tables[::-1], modules=task.modules[::-1]), model)
+    assert reordered.predicted_cost_ms == pytest.approx(result.predicted_cost_ms)
+    together = lambda plan: {frozenset(n for n in "a1 a2 b1 b2".split() if plan.placement(n).devices == (d,)) for d in (0, 1)}
+    assert together(reordered.plan) == together(result.plan)

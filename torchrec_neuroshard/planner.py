@@ -134,7 +134,8 @@ class NeuroShardPlanner(ShardingPlanner):
         self.search_result_ = self.task_ = None
         placements = decided.decided
         if decided.searched:
-            self.search_result_ = self._search(decided, sorted((t.spec for t in tables), key=lambda s: s.name), cap)
+            modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
+            self.search_result_ = self._search(decided, sorted((t.spec for t in tables), key=lambda s: s.name), modules, cap)
             placements = self.search_result_.plan.placements
         self.plan_ = Plan(placements, world)
         if self.search_result_ is not None:
@@ -212,10 +213,11 @@ class NeuroShardPlanner(ShardingPlanner):
                 debug_stats=PlanDebugStats(planner_type=type(self).__name__, timeout_seconds=None),
             )
 
-    def _search(self, decided: Triage, tables: Sequence[TableSpec], cap: int) -> SearchResult:
+    def _search(self, decided: Triage, tables: Sequence[TableSpec], modules: tuple[tuple[str, ...], ...], cap: int) -> SearchResult:
         """Place the searched tables around the decided ones (all priced in the whole
-        step); a split table whose constraints allow only table_column_wise is labelled so."""
-        task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch())
+        step, each sharded module paid at its slowest device); a split table whose
+        constraints allow only table_column_wise is labelled so."""
+        task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules)
         # the step parts were measured on pooled kernels: sequence tables stay table/column-wise
         choices = {
             t.spec.name: TableChoices.of(t.allowed if t.pooled else t.allowed & COLUMN_KINDS, t.spec.dim, t.min_width)

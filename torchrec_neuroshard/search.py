@@ -13,6 +13,12 @@ but TorchRec runs a lookup group (kernel, input distribution, all-to-all) per sh
 kind, so a column-wise split adds a group. The beam's best plan of every depth is priced
 with the whole step beside the heuristics' plans, and the cheapest goes on.
 
+Modules: each sharded module's collectives hold every rank until its slowest arrives, so
+a model of several (EBCs) pays each module's slowest device, and a plan balanced only in
+its per-device totals can still wait on every module. Such a task is also planned module
+by module (largest first, each in the memory the others leave); the plan the whole step
+prices lower is kept.
+
 Costs come from a ``CostModel`` whose compute is additive in an embedding space, so a
 device's running shard set is one summed vector: adding a shard is a vector add and one
 evaluation of the small head, and every greedy run of one beam step (states x scales)
@@ -525,7 +531,9 @@ def search(
     fixed: Sequence[TablePlacement] = (),
 ) -> SearchResult:
     """Find a low-cost plan for ``task`` under ``model``'s predictions, scaled to the
-    task's batch.
+    task's batch. A task of several sharded modules (``Task.modules``) is priced as the
+    step pays it, each module at its slowest device, and planned both whole and module by
+    module; the cheaper plan is kept.
 
     Args:
         choices: per table, what the search may do with it (``TableChoices``; e.g. from
@@ -570,8 +578,58 @@ def _searched_plan(
     given: tuple[TablePlacement, ...],
     embed: CachedEmbedder,
 ) -> tuple[Plan, int]:
-    """The best plan of the tables ``given`` leaves (kinds chosen, placed, seeded with the
-    heuristics' plans, improved locally), with ``given``; and the states evaluated."""
+    """The best plan of the tables ``given`` leaves, with ``given``; and the states
+    evaluated. A task of several modules is also planned module by module, and the plan
+    the whole step prices lower is kept."""
+    plan, evaluated = _joint_plan(task, model, config, choices, given, embed)
+    if len(task.modules) < 2:
+        return plan, evaluated
+    try:
+        by_module, more = _plan_by_module(task, model, config, choices, given, embed)
+    except InfeasibleError:  # the modules do not fit set apart: the joint plan stands
+        return plan, evaluated
+    costs = [predict_step(model, task, p, embed).cost_ms for p in (plan, by_module)]
+    return (plan, by_module)[int(np.argmin(costs))], evaluated + more
+
+
+def _plan_by_module(
+    task: Task,
+    model: CostModel,
+    config: SearchConfig,
+    choices: Mapping[str, TableChoices],
+    given: tuple[TablePlacement, ...],
+    embed: CachedEmbedder,
+) -> tuple[Plan, int]:
+    """Each module's tables searched as a task of their own, since the step pays each
+    module's slowest device (``stepcost``): the largest module first, each in the memory
+    that every given placement and the modules before it leave."""
+    bytes_of = {t.name: t.rows * t.dim * t.bytes_per_element for t in task.tables}
+    placements, evaluated = list(given), 0
+    for names in sorted(task.modules, key=lambda m: (-sum(bytes_of[n] for n in m), m)):
+        searched = [n for n in names if n not in {p.table for p in given}]
+        if not searched:
+            continue
+        cap = _free_memory(task, [p for p in placements if p.table not in names])
+        if cap <= 0:
+            raise InfeasibleError(f"the modules before {names[0]}'s leave it no memory")
+        mine = tuple(p for p in given if p.table in names)
+        plan, n = _joint_plan(task.subset(names, cap), model, config, choices, mine, embed)
+        placements += [p for p in plan.placements if p.table in searched]
+        evaluated += n
+    return Plan(tuple(placements), task.num_devices), evaluated
+
+
+def _joint_plan(
+    task: Task,
+    model: CostModel,
+    config: SearchConfig,
+    choices: Mapping[str, TableChoices],
+    given: tuple[TablePlacement, ...],
+    embed: CachedEmbedder,
+) -> tuple[Plan, int]:
+    """The best plan of the tables ``given`` leaves, all placed together (kinds chosen,
+    placed, seeded with the heuristics' plans, improved locally), with ``given``; and the
+    states evaluated."""
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
     fixed = _choose_kinds(task, model, config, choice, embed, given)
     searched, evaluated = _place(task, model, config, choice, fixed, embed)
@@ -606,8 +664,7 @@ def _rest_task(task: Task, fixed: Sequence[TablePlacement]) -> Task:
     if not fixed:
         return task
     names = {p.table for p in fixed}
-    rest = tuple(t for t in task.tables if t.name not in names)
-    return Task(rest, task.num_devices, _free_memory(task, fixed), task.batch_size)
+    return task.subset([t.name for t in task.tables if t.name not in names], _free_memory(task, fixed))
 
 
 def _with_fixed(plan: Plan, fixed: Sequence[TablePlacement], task: Task) -> Plan:

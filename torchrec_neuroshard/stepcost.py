@@ -20,12 +20,17 @@ without them (measured on one GPU, or before ``neuroshard collect step``) prices
 parts as 0, and the search then never chooses the kinds that need them.
 
 A device's cost: its compute (every group's kernels) + its comm (input distributions,
-forward and backward collectives); the step's embedding cost is the max over devices.
+forward and backward collectives). The step's embedding cost is the max over devices for
+one sharded module; a model of several (``Task.modules``: TorchRec shards each
+EmbeddingBagCollection apart) pays each module's slowest device in turn, since the
+module's collectives hold every rank until the slowest arrives. So the step is the sum
+over modules of each one's max over devices, and a plan balanced only in its per-device
+totals can still wait on every module (measured: ``benchmarks/module_sync.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -61,7 +66,8 @@ class StepPrediction:
     """Per device: ``devices`` (compute includes every kernel; ``fwd_comm`` the input
     distributions, the pooled all-to-all and the reduce-scatter; ``bwd_comm`` the backward
     all-to-all, the all-gather and the data-parallel all-reduce); ``parts`` the same ms
-    split by part name; ``cost_ms`` the max over devices of the total."""
+    split by part name (both summed over the task's modules); ``cost_ms`` the max over
+    devices of the total, summed over the modules."""
 
     cost_ms: float
     devices: tuple[DeviceCost, ...]
@@ -113,11 +119,30 @@ def data_parallel_ms(parts: StepParts, tables: Sequence[TableSpec], batch_size: 
 
 
 def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | None = None) -> StepPrediction:
-    """The predicted per-device cost of ``plan``'s step at the task's global batch.
+    """The predicted per-device cost of ``plan``'s step at the task's global batch, each of
+    the task's modules priced as DMP runs it and paid at its slowest device.
 
     ``model`` must already predict at ``task.batch_size`` (``model.with_batch_size``);
     ``embed`` (default ``model.embed_shards``) lets the search reuse cached embeddings.
     """
+    if len(task.modules) < 2:
+        return _module_step(model, task, plan, embed)
+    placed = {p.table for p in plan.placements}
+    per = [
+        _module_step(model, task.subset(names), Plan(tuple(p for p in plan.placements if p.table in names), plan.num_devices), embed)
+        for names in (set(m) & placed for m in task.modules)
+        if names
+    ]
+    world = task.num_devices
+    return StepPrediction(
+        cost_ms=sum(p.cost_ms for p in per),
+        devices=tuple(DeviceCost(*np.sum([astuple(p.devices[d]) for p in per], axis=0).tolist()) for d in range(world)),
+        parts={k: tuple(np.sum([p.parts[k] for p in per], axis=0).tolist()) for k in per[0].parts},
+    )
+
+
+def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | None) -> StepPrediction:
+    """``predict_step`` of the tables of one module."""
     world = task.num_devices
     local = task.batch_size / world
     parts = model.step_parts

@@ -229,6 +229,10 @@ class Task:
     num_devices: int
     memory_cap_bytes: int
     batch_size: int
+    modules: tuple[tuple[str, ...], ...] = ()
+    """The table names of each sharded module (an EBC), in the order the model runs them;
+    every table in exactly one. Each module's collectives wait for every rank, so the step
+    pays each module's slowest device. Empty: the tables run as one module."""
 
     def __post_init__(self) -> None:
         for field in ("num_devices", "memory_cap_bytes", "batch_size"):
@@ -238,6 +242,20 @@ class Task:
         dup = sorted(n for n, k in Counter(t.name for t in self.tables).items() if k > 1)
         if dup:
             raise ShardingError(f"duplicate table names: {dup}; every table needs a unique name")
+        if isinstance(self.modules, str) or not isinstance(self.modules, Sequence) or any(
+            isinstance(m, str) or not isinstance(m, Sequence) for m in self.modules
+        ):
+            raise ShardingError(f"the task's modules must be lists of table names, got {self.modules!r}")
+        object.__setattr__(self, "modules", tuple(tuple(m) for m in self.modules))
+        if self.modules:
+            named = Counter(n for m in self.modules for n in m)
+            wrong = sorted(n for n, k in named.items() if k > 1) + sorted(set(named) - {t.name for t in self.tables})
+            unplaced = sorted({t.name for t in self.tables} - set(named))
+            if wrong or unplaced or not all(self.modules):
+                raise ShardingError(
+                    f"the task's modules must name every table once, in non-empty modules: "
+                    f"named twice or unknown {wrong}, in no module {unplaced}; leave modules empty for one module"
+                )
         if self.num_devices < 1:
             raise ShardingError(f"num_devices must be >= 1, got {self.num_devices}")
         if self.memory_cap_bytes <= 0:
@@ -251,15 +269,28 @@ class Task:
                 return t
         raise KeyError(name)
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "num_devices": self.num_devices,
-                "memory_cap_bytes": self.memory_cap_bytes,
-                "batch_size": self.batch_size,
-                "tables": [t.to_dict() for t in self.tables],
-            }
+    def subset(self, names: Sequence[str], memory_cap_bytes: int | None = None) -> "Task":
+        """The task of the tables ``names`` (in the task's order; modules kept, each
+        restricted to them), in ``memory_cap_bytes`` (default the task's cap)."""
+        keep = set(names)
+        return Task(
+            tuple(t for t in self.tables if t.name in keep),
+            self.num_devices,
+            self.memory_cap_bytes if memory_cap_bytes is None else memory_cap_bytes,
+            self.batch_size,
+            tuple(m for m in (tuple(n for n in module if n in keep) for module in self.modules) if m),
         )
+
+    def to_json(self) -> str:
+        d = {
+            "num_devices": self.num_devices,
+            "memory_cap_bytes": self.memory_cap_bytes,
+            "batch_size": self.batch_size,
+            "tables": [t.to_dict() for t in self.tables],
+        }
+        if self.modules:
+            d["modules"] = [list(m) for m in self.modules]
+        return json.dumps(d)
 
     @staticmethod
     def from_dict(d: dict, what: str = "the task") -> "Task":
@@ -271,6 +302,7 @@ class Task:
             num_devices=_field(d, "num_devices", what),
             memory_cap_bytes=_field(d, "memory_cap_bytes", what),
             batch_size=_field(d, "batch_size", what),
+            modules=d.get("modules", ()),
         )
 
     @staticmethod

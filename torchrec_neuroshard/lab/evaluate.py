@@ -249,12 +249,14 @@ def evaluate_plans(
             reads), each validated against the task first.
         lookups: each table's bags; default ``task_lookups(task)``.
         modules: the table names of each EmbeddingBagCollection of the model (each EBC
-            runs its own kernels and collectives); default one EBC of all tables.
+            runs its own kernels and collectives); default the task's modules, or one EBC
+            of all tables. The plan's cost stays the max over devices of their totals: the
+            wait of each module for its slowest rank is not emulated (``stepcost`` prices it).
     """
     device = device or default_device()
     ours = [_as_plan(p, task) for p in plans]
     lookups = lookups or task_lookups(task)
-    modules = modules or [[t.name for t in task.tables]]
+    modules = modules or task.modules or [[t.name for t in task.tables]]
     structure = [lookup_groups(task, plan, modules) for plan in ours]
     exchanges = [step_exchanges(task, g, rep, lookups) for g, rep in structure]
     compute: list[list[list[tuple[float, float]]]] = [[] for _ in ours]
