@@ -2,20 +2,29 @@
 kernels running at the same time, as the ranks of a DMP step on one host run them.
 
     python -m benchmarks.kernel_contention T45_D2_pool0 neuroshard,size_lookup,neuroshard_calibrated
+    python -m benchmarks.kernel_contention all all --out benchmarks/results/kernel_contention.jsonl
 
 One process per device. Per round and plan: "alone", each device's fused kernels (one per
 lookup group, forward and backward, ``measure_compute``) while the other processes wait;
 then "together", every device's at once. Medians over the rounds. A cost model of kernels
 timed alone prices the first; the step pays the second.
+
+With ``all all`` it measures every task and planner of the results file, one task at a
+time (a task already in ``--out`` is skipped, so an interrupted run resumes), and reports
+how each figure ranks a task's plans against the DMP step those plans took: the
+prediction, the slowest device's kernels timed alone, and timed together.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from benchmarks.dmp_ranks import add_task_arguments, stored_plans, task_of
 from benchmarks.dmp_step import StepConfig, feature_groups
@@ -56,21 +65,77 @@ def _worker(rank: int, world: int, label: str, plans: dict[str, dict], rounds: i
     return {f"{name}|{mode}": [statistics.median(t[k] for t in v) for k in (0, 1)] for (name, mode), v in times.items()}
 
 
+def measure_task(label: str, plans: dict[str, Plan], rounds: int) -> list[dict]:
+    """One row per plan and device: its kernels' forward and backward ms, alone and together."""
+    world = task_of(label).num_devices
+    per_rank = spawn(_worker, world, label, {n: p.to_dict() for n, p in plans.items()}, rounds)
+    rows = []
+    for name in plans:
+        for rank in range(world):
+            (af, ab), (tf, tb) = (per_rank[rank][f"{name}|{mode}"] for mode in MODES)
+            rows.append({"task": label, "planner": name, "device": rank, "rounds": rounds,
+                         "alone_fwd_ms": af, "alone_bwd_ms": ab, "together_fwd_ms": tf, "together_bwd_ms": tb})
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| task | planner | device | alone fwd | alone bwd | together fwd | together bwd | together / alone |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        alone, together = r["alone_fwd_ms"] + r["alone_bwd_ms"], r["together_fwd_ms"] + r["together_bwd_ms"]
+        print(f"| {r['task']} | {r['planner']} | {r['device']} | {r['alone_fwd_ms']:.1f} | {r['alone_bwd_ms']:.1f} | "
+              f"{r['together_fwd_ms']:.1f} | {r['together_bwd_ms']:.1f} | {together / alone:.2f} |")
+
+
+def rank_agreement(rows: list[dict], steps: list[dict]) -> dict[str, float]:
+    """Median over tasks of the within-task Spearman between the DMP step and: the
+    prediction, the slowest device's kernels alone, and together (forward and backward
+    each the slowest device's, as the ranks wait for each other between them)."""
+    from scipy.stats import spearmanr
+
+    step = {(s["task"], s["planner"]): s for s in steps if s.get("status") == "ok"}
+    figures: dict[str, dict[tuple[str, str], float]] = {"predicted": {}, "alone": {}, "together": {}}
+    for (task, planner), s in step.items():
+        mine = [r for r in rows if (r["task"], r["planner"]) == (task, planner)]
+        if not mine:
+            continue
+        figures["predicted"][task, planner] = s["predicted_ms"]
+        for mode in MODES:
+            figures[mode][task, planner] = max(r[f"{mode}_fwd_ms"] for r in mine) + max(r[f"{mode}_bwd_ms"] for r in mine)
+    out = {}
+    for name, figure in figures.items():
+        rhos = []
+        for task in sorted({t for t, _ in figure}):
+            keys = [k for k in figure if k[0] == task]
+            if len(keys) > 2:
+                rhos.append(spearmanr([figure[k] for k in keys], [step[k]["step_ms"] for k in keys]).statistic)
+        out[name] = statistics.median(rhos) if rhos else float("nan")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_task_arguments(p)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--out", type=Path, help="jsonl of the rows, appended task by task (resumes)")
     args = p.parse_args(argv)
-    plans = {name: plan.to_dict() for name, plan in stored_plans(args.results, args.task, args.planners).items()}
-    world = task_of(args.task).num_devices
-    per_rank = spawn(_worker, world, args.task, plans, args.rounds)
-    print(f"{args.task}, {args.rounds} rounds; per device, its fused kernels' forward + backward ms (medians)\n")
-    print("| planner | device | alone fwd | alone bwd | together fwd | together bwd | together / alone |")
-    print("|---|---|---|---|---|---|---|")
-    for name in plans:
-        for rank in range(world):
-            (af, ab), (tf, tb) = (per_rank[rank][f"{name}|{mode}"] for mode in MODES)
-            print(f"| {name} | {rank} | {af:.1f} | {ab:.1f} | {tf:.1f} | {tb:.1f} | {(tf + tb) / (af + ab):.2f} |")
+    steps = [json.loads(line) for line in args.results.read_text().splitlines()]
+    tasks = sorted({s["task"] for s in steps}) if args.task == "all" else [args.task]
+    done = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out and args.out.exists() else []
+    rows = list(done)
+    for label in tqdm([t for t in tasks if t not in {r["task"] for r in done}], desc="tasks"):
+        planners = ",".join(s["planner"] for s in steps if s["task"] == label and "plan" in s) if args.planners == "all" else args.planners
+        new = measure_task(label, stored_plans(args.results, label, planners), args.rounds)
+        rows += new
+        if args.out:
+            with args.out.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in new)
+    print(f"{', '.join(tasks)}; {args.rounds} rounds; per device, its fused kernels' forward + backward ms (medians)\n")
+    print_table([r for r in rows if r["task"] in tasks])
+    if len(tasks) > 1:
+        agreement = rank_agreement(rows, steps)
+        print("\nWithin-task Spearman with the DMP step (median over tasks): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
 
 
 if __name__ == "__main__":
