@@ -53,7 +53,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -117,7 +117,10 @@ class _Marker(torch.autograd.Function):
 
 
 def feature_groups(task: Task, config: StepConfig) -> list[list[str]]:
-    """The tables (one feature each, named as the table) of each EBC: dealt round-robin."""
+    """The tables (one feature each, named as the table) of each EBC: the task's modules,
+    or, for a task without, its tables dealt round-robin into ``config.num_ebcs``."""
+    if task.modules:
+        return [list(m) for m in task.modules]
     num_ebcs = min(config.num_ebcs, len(task.tables))
     return [[t.name for t in task.tables[i::num_ebcs]] for i in range(num_ebcs)]
 
@@ -208,6 +211,7 @@ def plan_task(
     from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
     from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 
+    task = replace(task, modules=tuple(map(tuple, feature_groups(task, config))))  # the EBCs every planner sees
     device_type = default_device().type
     model = StepModel(task, config, torch.device("cpu"))
     cost_model = pretrained_for(device_type)  # the shipped model for this machine (main() checks it)
@@ -385,7 +389,7 @@ def measure_task(planned: PlannedTask, config: StepConfig) -> list[dict]:
             "splits": sum(len(p.widths) > 1 for p in ours.placements),
             "data_parallel": len(ours.data_parallel),
             "row_wise": sum(p.kind.splits_rows for p in ours.placements),
-            # the shipped model's whole-step prediction of the plan (one module of all tables)
+            # the shipped model's whole-step prediction of the plan (each EBC paid at its slowest rank)
             "predicted_ms": predict_step(cost_model, task, ours).cost_ms,
             "plan": ours.to_dict(),
         }
