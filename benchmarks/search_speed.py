@@ -7,7 +7,8 @@ from the task generator: the median of 3 NeuroShard searches (with the split sta
 scored) and one TorchRec planning run on the same tables and memory; then the public API
 end to end (NeuroShardPlanner.plan on a 60-table EmbeddingBagCollection, 4 ranks).
 Targets: search 60 tables on 4 devices under 1 s, 856 tables on 128 devices under 10 s;
-the public API on 60 tables / 4 ranks under 2 s.
+the public API on 60 tables / 4 ranks under 2 s. ``--modules K`` deals each task's tables
+into K sharded modules (EBCs), which the search also plans module by module.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import signal
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 from threadpoolctl import threadpool_limits
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
     p.add_argument("--torchrec-limit", type=int, default=300, help="seconds before TorchRec's run is cut off")
+    p.add_argument("--modules", type=int, default=1, help="sharded modules each task's tables are dealt into")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model = pretrained_for("cpu")
@@ -56,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     with threadpool_limits(limits=1):
         for t, d in GRID:
             task = generate_task(pool, t, d, WorkloadScale(), seed=t + d)
+            if args.modules > 1:
+                task = replace(task, modules=tuple(tuple(x.name for x in task.tables[k :: args.modules]) for k in range(args.modules)))
             times, states = [], 0
             for _ in range(args.repeats):
                 result = search(task, model)
