@@ -300,3 +300,19 @@ def test_the_search_balances_each_module_not_only_each_device(model) -> None:
     assert reordered.predicted_cost_ms == pytest.approx(result.predicted_cost_ms)
     together = lambda plan: {frozenset(n for n in "a1 a2 b1 b2".split() if plan.placement(n).devices == (d,)) for d in (0, 1)}
     assert together(reordered.plan) == together(result.plan)
+
+
+def test_a_module_stacked_on_a_full_device_is_unstacked_by_swaps_within_the_cap(model) -> None:
+    from torchrec_neuroshard.search import _improve_modules
+    from torchrec_neuroshard.stepcost import CachedEmbedder
+
+    roomy = _four_heavy_tables_in_two_modules()
+    stacked = Plan(tuple(TablePlacement(n, (64,), (d,)) for n, d in [("a1", 0), ("a2", 0), ("b1", 1), ("b2", 1)]), 2)
+    full = max(stacked.device_memory(roomy.tables, roomy.batch_size))
+    task = dataclasses.replace(roomy, memory_cap_bytes=full)  # no device has room for a third table: only swaps fit
+    at_batch = model.with_batch_size(task.batch_size)
+    improved = _improve_modules(task, at_batch, stacked, CachedEmbedder(at_batch), max_moves=10)
+    improved.validate(task)
+    for module in task.modules:
+        assert {d for n in module for d in improved.placement(n).devices} == {0, 1}
+    assert predicted_breakdown(model, task, improved)[0] < predicted_breakdown(model, task, stacked)[0]

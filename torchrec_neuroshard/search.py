@@ -27,9 +27,10 @@ advances in lockstep, vectorised over runs and devices.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -584,12 +585,89 @@ def _searched_plan(
     plan, evaluated = _joint_plan(task, model, config, choices, given, embed)
     if len(task.modules) < 2:
         return plan, evaluated
+    candidates = [plan]
     try:
         by_module, more = _plan_by_module(task, model, config, choices, given, embed)
-    except InfeasibleError:  # the modules do not fit set apart: the joint plan stands
-        return plan, evaluated
-    costs = [predict_step(model, task, p, embed).cost_ms for p in (plan, by_module)]
-    return (plan, by_module)[int(np.argmin(costs))], evaluated + more
+        candidates, evaluated = [plan, by_module], evaluated + more
+    except InfeasibleError:  # the modules do not fit set apart (each is given the memory
+        pass  # the others leave on their fullest device): the joint plan alone goes on
+    costs = [predict_step(model, task, p, embed).cost_ms for p in candidates]
+    plan = candidates[int(np.argmin(costs))]
+    if config.local_search:
+        plan = _improve_modules(task, model, plan, embed, config.max_local_moves)
+    return plan, evaluated
+
+
+MIN_GAIN = 1e-3
+"""A move ``_improve_modules`` makes must save this share of the step at least."""
+
+
+def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbedder, max_moves: int) -> Plan:
+    """Moves of one column shard off a module's slowest device onto one of the module's
+    three least loaded devices, or swaps of it with a shard there (of the same module, or
+    one of the three of another module nearest it in bytes), while the step (each module
+    at its slowest device) gets cheaper by ``MIN_GAIN`` or more; each device's memory
+    checked as it is, so a tight cap that stops the by-module search does not stop this."""
+    world, movable = task.num_devices, (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE)
+    by_name = {t.name: t for t in task.tables}
+    module_of = {n: k for k, names in enumerate(task.modules) for n in names}
+    placements = {p.table: p for p in plan.placements}
+    used = np.asarray(plan.device_memory(task.tables, task.batch_size), dtype=np.float64)  # [D]
+    subtasks = [task.subset(m) for m in task.modules]
+
+    def predict(k: int):
+        return predict_step(model, subtasks[k], Plan(tuple(placements[n] for n in task.modules[k]), world), embed)
+
+    def size(n: str, i: int) -> float:
+        p = placements[n]
+        return Shard(by_name[n], p.widths[i]).memory_bytes(p.kind, task.batch_size, world)
+
+    def moved(n: str, i: int, device: int) -> TablePlacement:
+        p = placements[n]
+        return replace(p, devices=p.devices[:i] + (device,) + p.devices[i + 1 :])
+
+    cost = [predict(k).cost_ms for k in range(len(task.modules))]
+    made, swaps = 0, False  # swaps are tried only when no move pays
+    while made < max_moves:
+        best: tuple[float, dict[str, TablePlacement], np.ndarray] | None = None
+        for k, names in enumerate(task.modules):
+            totals = [d.total for d in predict(k).devices]
+            slow = int(np.argmax(totals))
+            targets = [int(d) for d in np.argsort(totals, kind="stable") if d != slow][:3]
+            shards = [(n, i) for n in names if placements[n].kind in movable for i, d in enumerate(placements[n].devices) if d == slow]
+            for (n, i), d in itertools.product(shards, targets):
+                if d in placements[n].devices:
+                    continue
+                there = [(m, j) for m, p in placements.items() if swaps and m != n and p.kind in movable and slow not in p.devices
+                         for j, e in enumerate(p.devices) if e == d]  # fmt: skip
+                others = sorted((x for x in there if module_of[x[0]] != k), key=lambda x: (abs(size(*x) - size(n, i)), x))[:3]
+                for partner in [*(x for x in there if module_of[x[0]] == k), *others] if swaps else [None]:
+                    change, delta = {n: moved(n, i, d)}, np.zeros(world)
+                    delta[slow], delta[d] = -size(n, i), size(n, i)
+                    if partner is not None:
+                        change[partner[0]] = moved(*partner, slow)
+                        delta[slow], delta[d] = delta[slow] + size(*partner), delta[d] - size(*partner)
+                    if np.any(used + delta > task.memory_cap_bytes):
+                        continue
+                    touched = sorted({module_of[x] for x in change})
+                    before = {x: placements[x] for x in change}
+                    placements.update(change)
+                    gain = sum(cost[t] - predict(t).cost_ms for t in touched)
+                    placements.update(before)
+                    if gain > 1e-9 and (best is None or gain > best[0]):
+                        best = (gain, change, delta)
+        if best is None or best[0] < MIN_GAIN * sum(cost):
+            if swaps:
+                break
+            swaps = True
+            continue
+        _, change, delta = best
+        placements.update(change)
+        used += delta
+        made, swaps = made + 1, False
+        for t in {module_of[x] for x in change}:
+            cost[t] = predict(t).cost_ms
+    return Plan(tuple(placements[p.table] for p in plan.placements), world)
 
 
 def _plan_by_module(
@@ -603,15 +681,18 @@ def _plan_by_module(
     """Each module's tables searched as a task of their own, since the step pays each
     module's slowest device (``stepcost``): the largest module first, each in the memory
     that every given placement and the modules before it leave."""
-    bytes_of = {t.name: t.rows * t.dim * t.bytes_per_element for t in task.tables}
+    bytes_of = {t.name: Shard(t, t.dim).memory_bytes(ShardingKind.TABLE_WISE, task.batch_size, task.num_devices) for t in task.tables}
+    fixed = {p.table for p in given}
+    order = sorted(task.modules, key=lambda m: (-sum(bytes_of[n] for n in m), m))
     placements, evaluated = list(given), 0
-    for names in sorted(task.modules, key=lambda m: (-sum(bytes_of[n] for n in m), m)):
-        searched = [n for n in names if n not in {p.table for p in given}]
+    for k, names in enumerate(order):
+        searched = [n for n in names if n not in fixed]
         if not searched:
             continue
         cap = _free_memory(task, [p for p in placements if p.table not in names])
-        if cap <= 0:
-            raise InfeasibleError(f"the modules before {names[0]}'s leave it no memory")
+        for later in order[k:]:  # fail before searching when a module's tables cannot fit what is left
+            if sum(bytes_of[n] for n in later if n not in fixed) > task.num_devices * cap:
+                raise InfeasibleError(f"the modules before {later[0]}'s leave it too little memory")
         mine = tuple(p for p in given if p.table in names)
         plan, n = _joint_plan(task.subset(names, cap), model, config, choices, mine, embed)
         placements += [p for p in plan.placements if p.table in searched]
@@ -643,7 +724,7 @@ def _joint_plan(
     costs = [predict_step(model, task, _with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
     plan, fixed = candidates[int(np.argmin(costs))]
     rest = _rest_task(task, fixed)
-    if config.local_search:
+    if config.local_search and len(task.modules) < 2:  # it balances devices' totals; modules: _improve_modules
         keys = _Keys(rest, model, embed)
         index = {t.name: i for i, t in enumerate(rest.tables)}
         keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
