@@ -565,29 +565,34 @@ def _search(
     if len(given) == len(task.tables):  # nothing left to place
         plan, evaluated = Plan(given, task.num_devices), 0
     else:
-        plan, evaluated = _searched_plan(task, model, config, choices, given, embed)
+        plan, evaluated = _searched_plan(task, given, _Stage(model, config, choices, embed))
     plan.validate(task)
     prediction = predict_step(model, task, plan, embed)
     return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)
 
 
-def _searched_plan(
-    task: Task,
-    model: CostModel,
-    config: SearchConfig,
-    choices: Mapping[str, TableChoices],
-    given: tuple[TablePlacement, ...],
-    embed: CachedEmbedder,
-) -> tuple[Plan, int]:
+@dataclass(frozen=True)
+class _Stage:
+    """What every stage of one search shares: the model (at the task's batch), the
+    configuration, each table's choices, and the embedding cache."""
+
+    model: CostModel
+    config: SearchConfig
+    choices: Mapping[str, TableChoices]
+    embed: CachedEmbedder
+
+
+def _searched_plan(task: Task, given: tuple[TablePlacement, ...], stage: _Stage) -> tuple[Plan, int]:
     """The best plan of the tables ``given`` leaves, with ``given``; and the states
     evaluated. A task of several modules is also planned module by module, and the plan
     the whole step prices lower is kept."""
-    plan, evaluated = _joint_plan(task, model, config, choices, given, embed)
+    model, config, embed = stage.model, stage.config, stage.embed
+    plan, evaluated = _joint_plan(task, given, stage)
     if len(task.modules) < 2:
         return plan, evaluated
     candidates = [plan]
     try:
-        by_module, more = _plan_by_module(task, model, config, choices, given, embed)
+        by_module, more = _plan_by_module(task, given, stage)
         candidates, evaluated = [plan, by_module], evaluated + more
     except InfeasibleError:  # the modules do not fit set apart (each is given the memory
         pass  # the others leave on their fullest device): the joint plan alone goes on
@@ -670,14 +675,7 @@ def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbe
     return Plan(tuple(placements[p.table] for p in plan.placements), world)
 
 
-def _plan_by_module(
-    task: Task,
-    model: CostModel,
-    config: SearchConfig,
-    choices: Mapping[str, TableChoices],
-    given: tuple[TablePlacement, ...],
-    embed: CachedEmbedder,
-) -> tuple[Plan, int]:
+def _plan_by_module(task: Task, given: tuple[TablePlacement, ...], stage: _Stage) -> tuple[Plan, int]:
     """Each module's tables searched as a task of their own, since the step pays each
     module's slowest device (``stepcost``): the largest module first, each in the memory
     that every given placement and the modules before it leave."""
@@ -694,23 +692,17 @@ def _plan_by_module(
             if sum(bytes_of[n] for n in later if n not in fixed) > task.num_devices * cap:
                 raise InfeasibleError(f"the modules before {later[0]}'s leave it too little memory")
         mine = tuple(p for p in given if p.table in names)
-        plan, n = _joint_plan(task.subset(names, cap), model, config, choices, mine, embed)
+        plan, n = _joint_plan(task.subset(names, cap), mine, stage)
         placements += [p for p in plan.placements if p.table in searched]
         evaluated += n
     return Plan(tuple(placements), task.num_devices), evaluated
 
 
-def _joint_plan(
-    task: Task,
-    model: CostModel,
-    config: SearchConfig,
-    choices: Mapping[str, TableChoices],
-    given: tuple[TablePlacement, ...],
-    embed: CachedEmbedder,
-) -> tuple[Plan, int]:
+def _joint_plan(task: Task, given: tuple[TablePlacement, ...], stage: _Stage) -> tuple[Plan, int]:
     """The best plan of the tables ``given`` leaves, all placed together (kinds chosen,
     placed, seeded with the heuristics' plans, improved locally), with ``given``; and the
     states evaluated."""
+    model, config, choices, embed = stage.model, stage.config, stage.choices, stage.embed
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
     fixed = _choose_kinds(task, model, config, choice, embed, given)
     searched, evaluated = _place(task, model, config, choice, fixed, embed)
