@@ -8,8 +8,8 @@ Re-runs the plans a ``benchmarks.dmp_step`` results file recorded for the task (
 model and batches as there, ``--steps`` interleaved steps) and prints, per plan and rank,
 the median step, the median time in the sharded embeddings forward and backward, and the
 shipped model's predicted compute and comm of that device: priced as one module of all
-tables (as dmp_step's "predicted ms") and summed over the model's modules priced apart
-(each EmbeddingBagCollection runs its own kernels).
+tables, and summed over the model's EBCs priced apart (``dmp_step.with_ebcs``: each
+EmbeddingBagCollection runs its own kernels).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.dmp_step import PlannedTask, StepConfig, StepModel, _worker, feature_groups, generated_tasks, task_bags
+from benchmarks.dmp_step import PlannedTask, StepConfig, StepModel, _worker, generated_tasks, task_bags, with_ebcs
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stepcost import predict_step
-from torchrec_neuroshard.types import CostModel, Plan, Task
+from torchrec_neuroshard.types import Plan, Task
 
 HERE = Path(__file__).parent
 
@@ -36,18 +36,6 @@ def task_of(label: str) -> Task:
     """The generated task of a dmp_step label ``T{tables}_D{devices}_pool{seed}``."""
     tables, devices, pool = label.split("_")
     return generated_tasks([int(tables[1:])], [int(pool[4:])], int(devices[1:]), WorkloadScale())[0][0]
-
-
-def module_compute_ms(model: CostModel, task: Task, plan: Plan, modules: list[list[str]], device: int) -> float:
-    """``model``'s compute of ``device`` (at the task's batch), each module's tables priced
-    as a plan of their own."""
-    by_name = {t.name: t for t in task.tables}
-    total = 0.0
-    for names in modules:
-        sub = Task(tuple(by_name[n] for n in names), task.num_devices, task.memory_cap_bytes, task.batch_size)
-        cost = predict_step(model, sub, Plan(tuple(p for p in plan.placements if p.table in names), task.num_devices))
-        total += cost.devices[device].fwd_compute + cost.devices[device].bwd_compute
-    return total
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     per_rank = spawn(_worker, task.num_devices, PlannedTask(task, args.task, plans, {}, dict.fromkeys(plans, True)), task_bags(task, config), config)
     model = load_pretrained("cpu").with_batch_size(task.batch_size)
     calibrated = NeuralCostModel.load(args.calibrated).with_batch_size(task.batch_size) if args.calibrated else None
-    modules = feature_groups(task, config)
+    by_ebc = with_ebcs(task, config)
     print(f"{args.task}, {args.steps} steps; per rank: median step / embedding forward / backward ms | "
           "predicted compute (one module; modules apart) and comm ms\n")
     extra = " calibrated pred compute |" if calibrated else ""
@@ -90,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|" + ("---|" if calibrated else ""))
     for name, plan in ours.items():
         predicted = predict_step(model, task, plan)
+        apart = predict_step(model, by_ebc, plan).devices
         recalibrated = predict_step(calibrated, task, plan).devices if calibrated else None
         for rank in range(task.num_devices):
             steps = per_rank[rank][name]["steps"]  # per step: (step, emb fwd, emb bwd, cpu) ms
@@ -98,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             cal = f" {recalibrated[rank].fwd_compute + recalibrated[rank].bwd_compute:.1f} |" if recalibrated else ""
             print(
                 f"| {name} | {rank} | {step:.0f} | {fwd:.0f} | {bwd:.0f} | {d.fwd_compute + d.bwd_compute:.1f} | "
-                f"{module_compute_ms(model, task, plan, modules, rank):.1f} | {d.fwd_comm + d.bwd_comm:.1f} |{cal}"
+                f"{apart[rank].fwd_compute + apart[rank].bwd_compute:.1f} | {d.fwd_comm + d.bwd_comm:.1f} |{cal}"
             )
 
 

@@ -125,6 +125,22 @@ def feature_groups(task: Task, config: StepConfig) -> list[list[str]]:
     return [[t.name for t in task.tables[i::num_ebcs]] for i in range(num_ebcs)]
 
 
+def with_ebcs(task: Task, config: StepConfig) -> Task:
+    """``task`` with the StepModel's EBCs (``feature_groups``) as its modules, as every
+    planner sees it."""
+    return replace(task, modules=tuple(map(tuple, feature_groups(task, config))))
+
+
+def within_task_spearman(figure: dict[tuple[str, str], float], step: dict[tuple[str, str], float]) -> dict[str, float]:
+    """Per task of more than two plans: the Spearman of ``figure`` vs ``step``, both keyed
+    by (task, planner)."""
+    from scipy.stats import spearmanr
+
+    tasks = sorted({t for t, _ in figure})
+    return {t: spearmanr([figure[k] for k in keys], [step[k] for k in keys]).statistic
+            for t in tasks for keys in [[k for k in figure if k[0] == t]] if len(keys) > 2}  # fmt: skip
+
+
 class StepModel(nn.Module):
     """EBCs (tables dealt round-robin) -> pooled embeddings in table order -> MLP -> loss.
 
@@ -211,7 +227,7 @@ def plan_task(
     from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
     from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 
-    task = replace(task, modules=tuple(map(tuple, feature_groups(task, config))))  # the EBCs every planner sees
+    task = with_ebcs(task, config)
     device_type = default_device().type
     model = StepModel(task, config, torch.device("cpu"))
     cost_model = pretrained_for(device_type)  # the shipped model for this machine (main() checks it)

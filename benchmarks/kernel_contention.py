@@ -27,7 +27,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from benchmarks.dmp_ranks import add_task_arguments, stored_plans, task_of
-from benchmarks.dmp_step import StepConfig, feature_groups
+from benchmarks.dmp_step import StepConfig, feature_groups, within_task_spearman
 from torchrec_neuroshard.lab.evaluate import lookup_groups, task_lookups
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.measure_compute import measure_compute
@@ -91,26 +91,18 @@ def rank_agreement(rows: list[dict], steps: list[dict]) -> dict[str, float]:
     """Median over tasks of the within-task Spearman between the DMP step and: the
     prediction, the slowest device's kernels alone, and together (forward and backward
     each the slowest device's, as the ranks wait for each other between them)."""
-    from scipy.stats import spearmanr
-
-    step = {(s["task"], s["planner"]): s for s in steps if s.get("status") == "ok"}
+    ran = {(s["task"], s["planner"]): s for s in steps if s.get("status") == "ok"}
     figures: dict[str, dict[tuple[str, str], float]] = {"predicted": {}, "alone": {}, "together": {}}
-    for (task, planner), s in step.items():
+    for (task, planner), s in ran.items():
         mine = [r for r in rows if (r["task"], r["planner"]) == (task, planner)]
         if not mine:
             continue
         figures["predicted"][task, planner] = s["predicted_ms"]
         for mode in MODES:
             figures[mode][task, planner] = max(r[f"{mode}_fwd_ms"] for r in mine) + max(r[f"{mode}_bwd_ms"] for r in mine)
-    out = {}
-    for name, figure in figures.items():
-        rhos = []
-        for task in sorted({t for t, _ in figure}):
-            keys = [k for k in figure if k[0] == task]
-            if len(keys) > 2:
-                rhos.append(spearmanr([figure[k] for k in keys], [step[k]["step_ms"] for k in keys]).statistic)
-        out[name] = statistics.median(rhos) if rhos else float("nan")
-    return out
+    step = {k: s["step_ms"] for k, s in ran.items()}
+    rhos = {name: within_task_spearman(figure, step).values() for name, figure in figures.items()}
+    return {name: statistics.median(r) if r else float("nan") for name, r in rhos.items()}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,11 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import replace
 from pathlib import Path
 
 from benchmarks.dmp_ranks import task_of
-from benchmarks.dmp_step import StepConfig, feature_groups
+from benchmarks.dmp_step import StepConfig, with_ebcs, within_task_spearman
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import Plan
@@ -35,21 +34,13 @@ def priced(rows: list[dict], models: dict[str, NeuralCostModel]) -> dict[tuple[s
     out: dict[tuple[str, str], dict[tuple[str, str], float]] = {(m, p): {} for m in models for p in PRICINGS}
     for r in rows:
         task = task_of(r["task"])
-        modular = replace(task, modules=tuple(map(tuple, feature_groups(task, StepConfig(num_ebcs=r["config"]["num_ebcs"])))))
+        modular = with_ebcs(task, StepConfig(num_ebcs=r["config"]["num_ebcs"]))
         plan = Plan.from_dict(r["plan"])
         for name, model in models.items():
             at_batch = model.with_batch_size(task.batch_size)
             for pricing, t in zip(PRICINGS, (task, modular)):
                 out[name, pricing][r["task"], r["planner"]] = predict_step(at_batch, t, plan).cost_ms
     return out
-
-
-def within_task(figure: dict[tuple[str, str], float], step: dict[tuple[str, str], float]) -> dict[str, float]:
-    from scipy.stats import spearmanr
-
-    tasks = sorted({t for t, _ in figure})
-    return {t: spearmanr([figure[k] for k in keys], [step[k] for k in keys]).statistic
-            for t in tasks for keys in [[k for k in figure if k[0] == t]] if len(keys) > 2}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -69,9 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| model | pricing | median | " + " | ".join(tasks) + " |")
     print("|---|---|---|" + "---|" * len(tasks))
     for (model, pricing), figure in priced(rows, models).items():
-        rho = within_task(figure, step)
+        rho = within_task_spearman(figure, step)
         print(f"| {model} | {pricing} | **{statistics.median(rho.values()):.3f}** | " + " | ".join(f"{rho[t]:.2f}" for t in tasks) + " |")
-    halves = within_task(odd, even)
+    halves = within_task_spearman(odd, even)
     print(f"| the measurement | odd vs even steps | **{statistics.median(halves.values()):.3f}** | " + " | ".join(f"{halves[t]:.2f}" for t in tasks) + " |")
 
 
