@@ -631,12 +631,12 @@ def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbe
         p = placements[n]
         return replace(p, devices=p.devices[:i] + (device,) + p.devices[i + 1 :])
 
-    cost = [predict(k).cost_ms for k in range(len(task.modules))]
+    priced = [predict(k) for k in range(len(task.modules))]  # each module's prediction as the plan stands
     made, swaps = 0, False  # swaps are tried only when no move pays
     while made < max_moves:
         best: tuple[float, dict[str, TablePlacement], np.ndarray] | None = None
         for k, names in enumerate(task.modules):
-            totals = [d.total for d in predict(k).devices]
+            totals = [d.total for d in priced[k].devices]
             slow = int(np.argmax(totals))
             targets = [int(d) for d in np.argsort(totals, kind="stable") if d != slow][:3]
             shards = [(n, i) for n in names if placements[n].kind in movable for i, d in enumerate(placements[n].devices) if d == slow]
@@ -657,11 +657,11 @@ def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbe
                     touched = sorted({module_of[x] for x in change})
                     before = {x: placements[x] for x in change}
                     placements.update(change)
-                    gain = sum(cost[t] - predict(t).cost_ms for t in touched)
+                    gain = sum(priced[t].cost_ms - predict(t).cost_ms for t in touched)
                     placements.update(before)
                     if gain > 1e-9 and (best is None or gain > best[0]):
                         best = (gain, change, delta)
-        if best is None or best[0] < MIN_GAIN * sum(cost):
+        if best is None or best[0] < MIN_GAIN * sum(p.cost_ms for p in priced):
             if swaps:
                 break
             swaps = True
@@ -671,7 +671,7 @@ def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbe
         used += delta
         made, swaps = made + 1, False
         for t in {module_of[x] for x in change}:
-            cost[t] = predict(t).cost_ms
+            priced[t] = predict(t)
     return Plan(tuple(placements[p.table] for p in plan.placements), world)
 
 
@@ -748,8 +748,7 @@ def _fixed_ms(model: CostModel, task: Task, fixed: Sequence[TablePlacement], emb
     """(forward, backward) ms [D, 2] the fixed placements cost each device."""
     if not fixed:
         return np.zeros((task.num_devices, 2))
-    tables = tuple(task.table(p.table) for p in fixed)
-    alone = predict_step(model, Task(tables, task.num_devices, task.memory_cap_bytes, task.batch_size), Plan(tuple(fixed), task.num_devices), embed)
+    alone = predict_step(model, task.subset([p.table for p in fixed]), Plan(tuple(fixed), task.num_devices), embed)
     return np.asarray([[d.fwd_compute + d.fwd_comm, d.bwd_compute + d.bwd_comm] for d in alone.devices])
 
 
