@@ -449,12 +449,17 @@ def geomean(xs: Sequence[float]) -> float:
     return math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")
 
 
+def _fastest_other(plans: dict[str, dict], name: str) -> dict:
+    """The fastest row of a task's plans but ``name`` and its rival variant (``RIVALS``)."""
+    return min((r for p, r in plans.items() if p not in (name, RIVALS[name])), key=lambda r: r["step_ms"])
+
+
 def _variant(tasks: dict[str, dict[str, dict]], name: str) -> dict:
     """A NeuroShard variant's figures over the tasks where it and TorchRec both ran: tasks,
     fastest of all planners but its rival variant (``RIVALS``), / TorchRec and / best
     heuristic (geomean of median step times)."""
     both = [v for v in tasks.values() if name in v and "torchrec" in v]
-    fastest = [min((r for p, r in v.items() if p != RIVALS[name]), key=lambda r: r["step_ms"])["planner"] == name for v in both]
+    fastest = [v[name]["step_ms"] < _fastest_other(v, name)["step_ms"] for v in both]
     vs_torchrec = [v[name]["step_ms"] / v["torchrec"]["step_ms"] for v in both]
     vs_heuristic = [v[name]["step_ms"] / min(v[b]["step_ms"] for b in BASELINES if b in v) for v in both if any(b in v for b in BASELINES)]
     return {
@@ -463,6 +468,64 @@ def _variant(tasks: dict[str, dict[str, dict]], name: str) -> dict:
         "over_torchrec": geomean(vs_torchrec),
         "over_best_heuristic": geomean(vs_heuristic),
     }
+
+
+def _ok_by_task(rows: Sequence[dict]) -> dict[str, dict[str, dict]]:
+    """task -> planner -> row, of the plans that ran."""
+    tasks: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            tasks.setdefault(r["task"], {})[r["planner"]] = r
+    return tasks
+
+
+def paired_bootstrap(rows: Sequence[dict], name: str = "neuroshard", draws: int = 2000, level: float = 0.9, seed: int = 0) -> dict:
+    """How sure ``name``'s target figures are, from the spread of the timed steps.
+
+    A task's plans ran their k-th timed step in the same round (interleaved), so one draw
+    of step indices, with replacement, resamples every plan of the task alike (a paired
+    bootstrap); each draw recomputes the median step times and ``_variant``'s figures.
+    Returns each figure's interval at ``level`` (``*_interval``: low, high) and per task
+    ``name`` / the fastest other planner (median steps) with its interval and the share of
+    draws in which ``name`` was the fastest (``per_task``). Tasks whose rows lack
+    ``step_samples_ms`` are left out."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tasks = {
+        label: plans
+        for label, plans in _ok_by_task(rows).items()
+        if name in plans and "torchrec" in plans and all(r.get("step_samples_ms") for r in plans.values())
+    }
+    medians = {}  # task -> planner -> (draws,) median step ms of each draw
+    for label, plans in tasks.items():
+        steps = min(len(r["step_samples_ms"]) for r in plans.values())
+        picks = rng.integers(0, steps, (draws, steps))  # step indices, shared by the task's plans
+        medians[label] = {p: np.median(np.asarray(r["step_samples_ms"][:steps])[picks], axis=1) for p, r in plans.items()}
+    figures: dict[str, list[float]] = {"fastest": [], "over_torchrec": [], "over_best_heuristic": []}
+    per_task: dict[str, list[tuple[float, bool]]] = {label: [] for label in tasks}
+    for k in range(draws):
+        drawn = {}
+        for label, plans in medians.items():
+            drawn[label] = {p: {"planner": p, "step_ms": float(m[k])} for p, m in plans.items()}
+            other = _fastest_other(drawn[label], name)["step_ms"]
+            per_task[label].append((drawn[label][name]["step_ms"] / other, drawn[label][name]["step_ms"] < other))
+        for k, v in _variant(drawn, name).items():
+            if k in figures:
+                figures[k].append(v)
+    tail = 100 * (1 - level) / 2
+    interval = lambda xs: tuple(float(q) for q in np.percentile(xs, [tail, 100 - tail]))  # noqa: E731
+    out: dict = {f"{k}_interval": interval(v) for k, v in figures.items() if v}
+    out["per_task"] = {
+        label: {
+            "fastest_other": (other := _fastest_other(tasks[label], name))["planner"],
+            "ratio": tasks[label][name]["step_ms"] / other["step_ms"],
+            "ratio_interval": interval([r for r, _ in drawn_pairs]),
+            "fastest_share": sum(f for _, f in drawn_pairs) / len(drawn_pairs),
+        }
+        for label, drawn_pairs in per_task.items()
+    }
+    return {"draws": draws, "level": level, **out}
 
 
 def summary(rows: Sequence[dict]) -> dict:
@@ -475,10 +538,7 @@ def summary(rows: Sequence[dict]) -> dict:
     NeuroShard's (geomean over the tasks both ran)."""
     from scipy.stats import spearmanr
 
-    tasks: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        if r["status"] == "ok":
-            tasks.setdefault(r["task"], {})[r["planner"]] = r
+    tasks = _ok_by_task(rows)
     out = {("tasks" if k == "tasks" else f"neuroshard_{k}"): v for k, v in _variant(tasks, "neuroshard").items()}
     if any(CALIBRATED in v for v in tasks.values()):
         out.update({f"{CALIBRATED}_{k}": v for k, v in _variant(tasks, CALIBRATED).items()})
@@ -519,6 +579,28 @@ def _calibrated_line(rows: Sequence[dict], s: dict) -> list[str]:
     ]
 
 
+def _spread_lines(rows: Sequence[dict]) -> list[str]:
+    """The summary's spread: NeuroShard's figures under ``paired_bootstrap``, and per task
+    NeuroShard against the fastest other planner."""
+    b = paired_bootstrap(rows)
+    if "fastest_interval" not in b:
+        return []
+    pct = f"{100 * b['level']:.0f}%"
+    lines = [
+        f"- Spread ({b['draws']} paired bootstrap draws of the timed steps, {pct} intervals): NeuroShard / TorchRec "
+        f"**{b['over_torchrec_interval'][0]:.3f}-{b['over_torchrec_interval'][1]:.3f}**, / best heuristic "
+        f"**{b['over_best_heuristic_interval'][0]:.3f}-{b['over_best_heuristic_interval'][1]:.3f}**, fastest on "
+        f"**{b['fastest_interval'][0]:.0f}-{b['fastest_interval'][1]:.0f}** tasks.",
+        "",
+        f"| task | fastest other planner | NeuroShard / it | {pct} interval | NeuroShard fastest in (share of draws) |",
+        "|---|---|---|---|---|",
+    ]
+    for label, t in b["per_task"].items():
+        low, high = t["ratio_interval"]
+        lines.append(f"| {label} | {t['fastest_other']} | {t['ratio']:.3f} | {low:.3f}-{high:.3f} | {100 * t['fastest_share']:.0f}% |")
+    return lines
+
+
 def report(rows: Sequence[dict]) -> str:
     """Markdown: the summary, then per task every planner's step time, IQR, embedding share,
     ratio to TorchRec and the model's predicted step."""
@@ -534,6 +616,7 @@ def report(rows: Sequence[dict]) -> str:
         f"The measurement against itself within a task (median step of the odd vs the even timed steps, "
         f"interleaved alike): Spearman **{s['spearman_split_half_median']:.3f}** (median), the agreement that "
         f"half the steps allow.",
+        *_spread_lines(rows),
         "",
         "| task | planner | step ms (median) | IQR ms | embedding ms | embedding share | step CPU ms | / TorchRec | predicted ms | DP / RW / splits | status |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

@@ -15,6 +15,17 @@ kernels) could, so it is an estimate from the measured plans, not a proof. Each 
 cost / bound says how far it stands from it, and bound / TorchRec's cost is the lowest
 NeuroShard / TorchRec ratio reachable on that task: its geomean over the tasks is the floor
 under the suite's NeuroShard / TorchRec target.
+
+    python -m benchmarks.headroom --dmp-step benchmarks/results/dmp_step_modules_final.jsonl
+
+does the same for a ``benchmarks.dmp_step`` run, where no per-device figure was measured:
+the shipped model prices each plan's modules (each sharded module is paid at its slowest
+device, ``stepcost.predict_step``), and the bound is, per module, the least work of any
+plan perfectly balanced, summed over the modules. The best heuristic (by measured step)
+is then ``predicted / bound`` above it, and if the whole measured embedding time shrank
+in that proportion (generous: the collectives' fixed cost does not), a plan at the bound
+would take ``1 - share * (1 - bound / predicted)`` of its step: the geomean of that is
+the floor under the dmp_step NeuroShard / best heuristic target.
 """
 
 from __future__ import annotations
@@ -24,7 +35,10 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from torchrec_neuroshard.types import CostModel, Plan, Task
 
 HEURISTIC_PREFIXES = ("neuroshard", "torchrec")
 """Planners that are not the classic heuristics (variants share these prefixes)."""
@@ -74,11 +88,81 @@ def headroom(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def module_loads(task: "Task", plan: "Plan", model: "CostModel") -> list[list[float]]:
+    """ms: per module of ``task``, each device's predicted total (``predict_step`` of the
+    module's tables alone)."""
+    from torchrec_neuroshard.stepcost import predict_step
+    from torchrec_neuroshard.types import Plan
+
+    loads = []
+    for names in task.modules:
+        part = Plan(tuple(p for p in plan.placements if p.table in names), plan.num_devices)
+        loads.append([d.total for d in predict_step(model, task.subset(names), part).devices])
+    return loads
+
+
+def step_bound(loads_by_plan: Sequence[Sequence[Sequence[float]]]) -> float:
+    """ms: per module, the least predicted work of any plan perfectly balanced over its
+    devices, summed over the modules. ``loads_by_plan``: [plan][module][device]."""
+    modules = len(loads_by_plan[0])
+    return sum(min(sum(loads[m]) / len(loads[m]) for loads in loads_by_plan) for m in range(modules))
+
+
+def step_headroom(rows: Sequence[dict], model: "CostModel") -> str:
+    """Markdown: per dmp_step task, the model's step bound, NeuroShard's and the best
+    heuristic's predicted step over it, and the step a plan at the bound would take over
+    the best heuristic's (its measured embedding share shrunk by bound / predicted)."""
+    from benchmarks.dmp_ranks import task_of
+    from benchmarks.dmp_step import StepConfig, with_ebcs
+    from torchrec_neuroshard.types import Plan
+
+    tasks: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok":
+            tasks.setdefault(r["task"], {})[r["planner"]] = r
+    lines = [
+        "| task | bound ms (predicted) | NeuroShard / bound | best heuristic | its / bound | its embedding share | "
+        "a plan at the bound / best heuristic (step) | NeuroShard / best heuristic (step, measured) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    floor, measured = [], []
+    for label, plans in tasks.items():
+        heuristics = {n: r for n, r in plans.items() if not n.startswith(HEURISTIC_PREFIXES)}
+        if "neuroshard" not in plans or not heuristics:
+            continue
+        first = next(iter(plans.values()))
+        task = with_ebcs(task_of(label), StepConfig(num_ebcs=first["config"]["num_ebcs"]))
+        at_batch = model.with_batch_size(task.batch_size)
+        loads = {n: module_loads(task, Plan.from_dict(r["plan"]), at_batch) for n, r in plans.items()}
+        bound = step_bound(list(loads.values()))
+        priced = {n: sum(max(m) for m in v) for n, v in loads.items()}
+        best = min(heuristics, key=lambda n: heuristics[n]["step_ms"])
+        share = heuristics[best]["embedding_share"]
+        floor.append(1 - share * (1 - bound / priced[best]))
+        measured.append(plans["neuroshard"]["step_ms"] / heuristics[best]["step_ms"])
+        lines.append(
+            f"| {label} | {bound:.1f} | {priced['neuroshard'] / bound:.3f} | {best} | {priced[best] / bound:.3f} | "
+            f"{100 * share:.0f}% | {floor[-1]:.3f} | {measured[-1]:.3f} |"
+        )
+    lines.append(
+        f"\nLowest NeuroShard / best heuristic step geomean reachable if every plan hit its task's bound: "
+        f"**{geomean(floor):.3f}** over {len(floor)} tasks (measured: {geomean(measured):.3f})."
+    )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", type=Path, help="a benchmarks.compare results file (.jsonl)")
+    p.add_argument("results", type=Path, help="a benchmarks.compare results file (.jsonl), or with --dmp-step a dmp_step one")
+    p.add_argument("--dmp-step", action="store_true", help="the results are benchmarks.dmp_step's: bound by the shipped model")
     args = p.parse_args(argv)
     rows = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    if args.dmp_step:
+        from torchrec_neuroshard.costmodel import load_pretrained
+
+        print(f"Predicted step bound of each task of `{args.results}` (`python -m benchmarks.headroom --dmp-step {args.results}`):\n")
+        print(step_headroom(rows, load_pretrained("cpu")))
+        return
     print(f"Balanced bound of each task of `{args.results}` (`python -m benchmarks.headroom {args.results}`):\n")
     print(headroom(rows))
 

@@ -3,6 +3,7 @@ training-step benchmark's quick mode; both with a calibrated model's planner add
 
 import gzip
 import itertools
+import statistics
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -137,3 +138,28 @@ def test_a_variants_fastest_count_leaves_the_other_variant_out() -> None:
     assert s["neuroshard_fastest"] == 1 and s[f"{CALIBRATED}_fastest"] == 1
     assert s[f"{CALIBRATED}_over_neuroshard"] == 0.5 and s["neuroshard_over_best_heuristic"] == 0.5
     assert "neuroshard_calibrated_tasks" not in summary(rows[:1] + rows[2:])
+
+
+def test_paired_bootstrap_resamples_a_tasks_plans_by_the_same_steps() -> None:
+    from benchmarks.dmp_step import _spread_lines, paired_bootstrap
+
+    drift = [50.0 + 100.0 * ((7 * k) % 11) / 10 for k in range(20)]  # step times that drift a lot, alike for every plan
+
+    def row(task: str, planner: str, scale: float) -> dict:
+        samples = [scale * d for d in drift]
+        return {"task": task, "planner": planner, "status": "ok", "step_ms": scale * statistics.median(drift),
+                "step_samples_ms": samples, "predicted_ms": scale}  # fmt: skip
+
+    rows = [row("a", "neuroshard", 0.97), row("a", "torchrec", 1.0), row("a", "size", 1.1)]
+    rows += [row("b", "neuroshard", 1.05), row("b", "torchrec", 1.2), row("b", "lookup", 1.0)]
+    b = paired_bootstrap(rows, draws=200)
+    # the drift is shared by a task's plans, so every draw keeps their ratios exactly
+    assert b["over_torchrec_interval"] == pytest.approx(((0.97 * 1.05 / 1.2) ** 0.5,) * 2)
+    assert b["fastest_interval"] == (1.0, 1.0)
+    assert b["per_task"]["a"] == {"fastest_other": "torchrec", "ratio": pytest.approx(0.97), "ratio_interval": pytest.approx((0.97, 0.97)), "fastest_share": 1.0}
+    assert b["per_task"]["b"]["fastest_other"] == "lookup" and b["per_task"]["b"]["fastest_share"] == 0.0
+    assert "| b | lookup | 1.050 | 1.050-1.050 | 0% |" in _spread_lines(rows)
+
+    noisy = [dict(r, step_samples_ms=[s * (1 + 0.3 * ((k * (i + 3)) % 5 - 2) / 2) for k, s in enumerate(r["step_samples_ms"])]) for i, r in enumerate(rows)]
+    low, high = paired_bootstrap(noisy, draws=200)["per_task"]["a"]["ratio_interval"]
+    assert low < high  # plans' own noise, not shared, widens the interval
