@@ -92,12 +92,10 @@ def module_loads(task: "Task", plan: "Plan", model: "CostModel") -> list[list[fl
     """ms: per module of ``task``, each device's predicted total (``predict_step`` of the
     module's tables alone)."""
     from torchrec_neuroshard.stepcost import predict_step
-    from torchrec_neuroshard.types import Plan
 
     loads = []
     for names in task.modules:
-        part = Plan(tuple(p for p in plan.placements if p.table in names), plan.num_devices)
-        loads.append([d.total for d in predict_step(model, task.subset(names), part).devices])
+        loads.append([d.total for d in predict_step(model, task.subset(names), plan.subset(names)).devices])
     return loads
 
 

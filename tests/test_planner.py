@@ -419,3 +419,26 @@ def test_a_row_wise_table_whose_blocks_lie_outside_the_training_data_is_named_in
     assert [(b.rows, b.pooling_factor) for b in blocks] == [(500, 1.0), (500, 1.0)]
     warned = [r.getMessage() for r in caplog.records if "outside the data the compute model was trained on" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("1 table(s) lie outside") and "'rw': log_rows 6.215 (trained 7.206..12.63)" in warned[0]
+
+
+def test_the_kernel_size_warning_counts_each_modules_kernels_apart(caplog) -> None:
+    from torchrec_neuroshard.costmodel import load_pretrained
+
+    trained = load_pretrained("cpu").meta["max_tables_per_kernel"]
+    tables = [(f"t{i}", 8, 100) for i in range(2 * trained + 2)]  # one more than trained per rank
+
+    def warned(model: torch.nn.Module) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.planner"):
+            planner = NeuroShardPlanner(topology(2, 500_000), batch_size=64, storage_reservation=0.0)
+            planner.plan(model, SHARDERS)
+        sizes = planner.plan_.kernel_sizes(planner.task_.tables, planner.task_.modules)
+        assert sum(sizes.values()) == len(tables)  # every table in one kernel
+        return caplog.text
+
+    # two EBCs: four kernels of about trained / 2 shards, each inside the trained size
+    half = len(tables) // 2
+    assert "fuses" not in warned(_TwoEBCs(_ebc(tables[:half]), _ebc(tables[half:])))
+    # one EBC: some rank's one kernel holds more than the model ever saw, and it is named
+    text = warned(_ebc(tables))
+    assert "module 0, table_wise fuses" in text and f"at most {trained} tables" in text

@@ -646,15 +646,16 @@ def check_world_size(model: NeuralCostModel, world: int) -> None:
     )
 
 
-def kernel_size_warning(model: NeuralCostModel, shards_per_device: Sequence[int]) -> str | None:
-    """A warning text when a device fuses more shards than any kernel the compute model was
-    trained on (``meta["max_tables_per_kernel"]``): its prediction there is an extrapolation."""
+def kernel_size_warning(model: NeuralCostModel, kernel_sizes: dict[str, int]) -> str | None:
+    """A warning text when a kernel fuses more shards than any kernel the compute model was
+    trained on (``meta["max_tables_per_kernel"]``): its prediction there is an extrapolation.
+    ``kernel_sizes``: shards per fused kernel, by its name (``Plan.kernel_sizes``)."""
     trained = model.meta.get("max_tables_per_kernel")
-    if not trained or not shards_per_device or max(shards_per_device) <= trained:
+    if not trained or not kernel_sizes or max(kernel_sizes.values()) <= trained:
         return None
-    worst = int(np.argmax(shards_per_device))
+    worst = max(kernel_sizes, key=kernel_sizes.__getitem__)
     return (
-        f"device {worst} fuses {shards_per_device[worst]} shards in one kernel, but the compute model "
+        f"the kernel of {worst} fuses {kernel_sizes[worst]} shards, but the compute model "
         f"was trained on kernels of at most {trained} tables: its cost there is extrapolated "
         f"linearly from {trained}-table kernels. Collect compute samples with more tables per kernel "
         f"on this hardware (lab.collect MAX_TABLES_PER_SAMPLE) and re-train for plans this dense"

@@ -230,7 +230,7 @@ class NeuroShardPlanner(ShardingPlanner):
         outside = feature_range_warning(model, priced_tables([t for t in task.tables if t.name not in replicated], result.plan))
         if outside:
             logger.warning("%s", outside)
-        crowded = kernel_size_warning(model, [len(s) for s in result.plan.device_shards(task.tables)])
+        crowded = kernel_size_warning(model, result.plan.kernel_sizes(task.tables, task.modules))
         if crowded:
             logger.warning("%s", crowded)
         host_only = {t.spec.name for t in decided.searched if ShardingKind.COLUMN_WISE not in t.allowed}

@@ -129,7 +129,7 @@ def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
         return _module_step(model, task, plan, embed)
     placed = {p.table for p in plan.placements}
     per = [
-        _module_step(model, task.subset(names), Plan(tuple(p for p in plan.placements if p.table in names), plan.num_devices), embed)
+        _module_step(model, task.subset(names), plan.subset(names), embed)
         for names in (set(m) & placed for m in task.modules)
         if names
     ]

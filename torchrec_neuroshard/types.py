@@ -15,7 +15,7 @@ import numbers
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -487,6 +487,24 @@ class Plan:
 
     def kinds(self) -> dict[str, ShardingKind]:
         return {p.table: p.kind for p in self.placements}
+
+    def subset(self, names: Collection[str]) -> "Plan":
+        """The plan of the tables ``names`` (those it places), on the same devices."""
+        return Plan(tuple(p for p in self.placements if p.table in names), self.num_devices)
+
+    def kernel_sizes(self, tables: Sequence[TableSpec], modules: Sequence[Sequence[str]] = ()) -> dict[str, int]:
+        """Shards each fused column kernel holds, by "device d, module m, kind": TorchRec
+        runs one kernel per sharded module (``modules``; default all tables in one), column
+        sharding kind and device."""
+        sizes = {}
+        for m, names in enumerate(modules or [[t.name for t in tables]]):
+            part = self.subset(set(names))
+            for kind in dict.fromkeys(p.kind for p in part.placements if p.kind.splits_columns):
+                same = Plan(tuple(p for p in part.placements if p.kind is kind), self.num_devices)
+                for d, shards in enumerate(same.device_shards(tables)):
+                    if shards:
+                        sizes[f"device {d}, module {m}, {kind.value}"] = len(shards)
+        return sizes
 
     def device_shards(self, tables: Sequence[TableSpec]) -> list[list[Shard]]:
         """Column shards (table-wise and column splits) on each device: ``result[d]`` lists
