@@ -545,19 +545,16 @@ def summary(rows: Sequence[dict]) -> dict:
         pairs = [v[CALIBRATED]["step_ms"] / v["neuroshard"]["step_ms"] for v in tasks.values() if CALIBRATED in v and "neuroshard" in v]
         out[f"{CALIBRATED}_over_neuroshard"] = geomean(pairs)
     pairs = [(r["predicted_ms"], r["step_ms"]) for v in tasks.values() for r in v.values() if "predicted_ms" in r]
-    within = [
-        spearmanr([r["predicted_ms"] for r in v.values()], [r["step_ms"] for r in v.values()]).statistic
-        for v in tasks.values()
-        if len(v) > 2 and all("predicted_ms" in r for r in v.values())
-    ]
-    halves = [
-        spearmanr(
-            [statistics.median(r["step_samples_ms"][0::2]) for r in v.values()],
-            [statistics.median(r["step_samples_ms"][1::2]) for r in v.values()],
-        ).statistic
-        for v in tasks.values()
-        if len(v) > 2 and all(len(r.get("step_samples_ms", ())) >= 2 for r in v.values())
-    ]
+
+    def figure(of, keep=lambda r: True) -> dict[tuple[str, str], float]:
+        """(task, planner) -> ``of(row)``, over the tasks whose every row passes ``keep``."""
+        return {(label, p): of(r) for label, v in tasks.items() if all(map(keep, v.values())) for p, r in v.items()}
+
+    step = figure(lambda r: r["step_ms"])
+    within = list(within_task_spearman(figure(lambda r: r["predicted_ms"], lambda r: "predicted_ms" in r), step).values())
+    split = lambda r: len(r.get("step_samples_ms", ())) >= 2  # noqa: E731
+    odd = figure(lambda r: statistics.median(r["step_samples_ms"][0::2]), split)
+    halves = list(within_task_spearman(odd, figure(lambda r: statistics.median(r["step_samples_ms"][1::2]), split)).values())
     return {
         **out,
         "spearman_predicted_vs_step": spearmanr(*zip(*pairs)).statistic if len(pairs) > 2 else float("nan"),

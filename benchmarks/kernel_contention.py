@@ -27,10 +27,12 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from benchmarks.dmp_ranks import add_task_arguments, stored_plans, task_of
-from benchmarks.dmp_step import StepConfig, feature_groups, within_task_spearman
+from benchmarks.dmp_step import StepConfig, feature_groups, with_ebcs, within_task_spearman
+from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.lab.evaluate import lookup_groups, task_lookups
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.measure_compute import measure_compute
+from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import Plan, Shard
 
 MODES = ("alone", "together")
@@ -105,11 +107,29 @@ def rank_agreement(rows: list[dict], steps: list[dict]) -> dict[str, float]:
     return {name: statistics.median(r) if r else float("nan") for name, r in rhos.items()}
 
 
+def model_ratios(rows: list[dict], steps: list[dict], model: NeuralCostModel) -> str:
+    """Markdown: each device's kernels timed alone over the fused-kernel compute ``model``
+    predicts for that device (``predict_step``, forward + backward), and per task the
+    range of that ratio: how far apart the model's errors on two devices can lie."""
+    plans = {(s["task"], s["planner"]): Plan.from_dict(s["plan"]) for s in steps if "plan" in s}
+    lines = ["| task | planner | device | alone ms | predicted ms | alone / predicted |", "|---|---|---|---|---|---|"]
+    by_task: dict[str, list[float]] = {}
+    for r in rows:
+        task = with_ebcs(task_of(r["task"]), StepConfig())
+        device = predict_step(model.with_batch_size(task.batch_size), task, plans[r["task"], r["planner"]]).devices[r["device"]]
+        alone, predicted = r["alone_fwd_ms"] + r["alone_bwd_ms"], device.fwd_compute + device.bwd_compute
+        by_task.setdefault(r["task"], []).append(alone / predicted)
+        lines.append(f"| {r['task']} | {r['planner']} | {r['device']} | {alone:.1f} | {predicted:.1f} | {alone / predicted:.2f} |")
+    lines += ["", *(f"{t}: alone / predicted {min(v):.2f}-{max(v):.2f} over its {len(v)} devices" for t, v in by_task.items())]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_task_arguments(p)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, help="jsonl of the rows, appended task by task (resumes)")
+    p.add_argument("--model", type=Path, help="a cost model file: also each device's kernels over its predicted compute")
     args = p.parse_args(argv)
     steps = [json.loads(line) for line in args.results.read_text().splitlines()]
     tasks = sorted({s["task"] for s in steps}) if args.task == "all" else [args.task]
@@ -128,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         agreement = rank_agreement(rows, steps)
         print("\nWithin-task Spearman with the DMP step (median over tasks): "
               + ", ".join(f"{k} {v:.3f}" for k, v in agreement.items()))
+    if args.model:
+        print(f"\nEach device's kernels alone over their compute as `{args.model}` predicts it\n")
+        print(model_ratios([r for r in rows if r["task"] in tasks], steps, NeuralCostModel.load(args.model)))
 
 
 if __name__ == "__main__":
