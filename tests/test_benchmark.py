@@ -163,3 +163,19 @@ def test_paired_bootstrap_resamples_a_tasks_plans_by_the_same_steps() -> None:
     noisy = [dict(r, step_samples_ms=[s * (1 + 0.3 * ((k * (i + 3)) % 5 - 2) / 2) for k, s in enumerate(r["step_samples_ms"])]) for i, r in enumerate(rows)]
     low, high = paired_bootstrap(noisy, draws=200)["per_task"]["a"]["ratio_interval"]
     assert low < high  # plans' own noise, not shared, widens the interval
+
+
+def test_step_session_drift_matches_each_sample_to_its_stored_draw() -> None:
+    from benchmarks.step_session_drift import drift
+
+    stored = [
+        {"kind": "all_reduce", "world_size": 2, "group": 0, "max_ms": 4.0},
+        {"kind": "all_reduce", "world_size": 2, "group": 1, "max_ms": 10.0},
+        {"kind": "dp", "world_size": 2, "group": 0, "fwd_ms": 1.0, "bwd_ms": 3.0},
+    ]
+    now = [
+        {"kind": "all_reduce", "world_size": 2, "group": 1, "max_ms": 15.0},
+        {"kind": "dp", "world_size": 2, "group": 0, "fwd_ms": 2.0, "bwd_ms": 6.0},
+        {"kind": "dp", "world_size": 2, "group": 7, "fwd_ms": 2.0, "bwd_ms": 6.0},  # never stored: left out
+    ]
+    assert drift(now, stored) == {("all_reduce", 2): [1.5], ("dp", 2): [2.0]}
