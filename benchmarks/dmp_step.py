@@ -470,7 +470,7 @@ def _variant(tasks: dict[str, dict[str, dict]], name: str) -> dict:
     }
 
 
-def _ok_by_task(rows: Sequence[dict]) -> dict[str, dict[str, dict]]:
+def ok_by_task(rows: Sequence[dict]) -> dict[str, dict[str, dict]]:
     """task -> planner -> row, of the plans that ran."""
     tasks: dict[str, dict[str, dict]] = {}
     for r in rows:
@@ -494,7 +494,7 @@ def paired_bootstrap(rows: Sequence[dict], name: str = "neuroshard", draws: int 
     rng = np.random.default_rng(seed)
     tasks = {
         label: plans
-        for label, plans in _ok_by_task(rows).items()
+        for label, plans in ok_by_task(rows).items()
         if name in plans and "torchrec" in plans and all(r.get("step_samples_ms") for r in plans.values())
     }
     medians = {}  # task -> planner -> (draws,) median step ms of each draw
@@ -504,15 +504,15 @@ def paired_bootstrap(rows: Sequence[dict], name: str = "neuroshard", draws: int 
         medians[label] = {p: np.median(np.asarray(r["step_samples_ms"][:steps])[picks], axis=1) for p, r in plans.items()}
     figures: dict[str, list[float]] = {"fastest": [], "over_torchrec": [], "over_best_heuristic": []}
     per_task: dict[str, list[tuple[float, bool]]] = {label: [] for label in tasks}
-    for k in range(draws):
+    for draw in range(draws):
         drawn = {}
         for label, plans in medians.items():
-            drawn[label] = {p: {"planner": p, "step_ms": float(m[k])} for p, m in plans.items()}
+            drawn[label] = {p: {"planner": p, "step_ms": float(m[draw])} for p, m in plans.items()}
             other = _fastest_other(drawn[label], name)["step_ms"]
             per_task[label].append((drawn[label][name]["step_ms"] / other, drawn[label][name]["step_ms"] < other))
-        for k, v in _variant(drawn, name).items():
-            if k in figures:
-                figures[k].append(v)
+        for figure, value in _variant(drawn, name).items():
+            if figure in figures:
+                figures[figure].append(value)
     tail = 100 * (1 - level) / 2
     interval = lambda xs: tuple(float(q) for q in np.percentile(xs, [tail, 100 - tail]))  # noqa: E731
     out: dict = {f"{k}_interval": interval(v) for k, v in figures.items() if v}
@@ -538,7 +538,7 @@ def summary(rows: Sequence[dict]) -> dict:
     NeuroShard's (geomean over the tasks both ran)."""
     from scipy.stats import spearmanr
 
-    tasks = _ok_by_task(rows)
+    tasks = ok_by_task(rows)
     out = {("tasks" if k == "tasks" else f"neuroshard_{k}"): v for k, v in _variant(tasks, "neuroshard").items()}
     if any(CALIBRATED in v for v in tasks.values()):
         out.update({f"{CALIBRATED}_{k}": v for k, v in _variant(tasks, CALIBRATED).items()})

@@ -111,13 +111,10 @@ def step_headroom(rows: Sequence[dict], model: "CostModel") -> str:
     heuristic's predicted step over it, and the step a plan at the bound would take over
     the best heuristic's (its measured embedding share shrunk by bound / predicted)."""
     from benchmarks.dmp_ranks import task_of
-    from benchmarks.dmp_step import StepConfig, with_ebcs
+    from benchmarks.dmp_step import StepConfig, ok_by_task, with_ebcs
     from torchrec_neuroshard.types import Plan
 
-    tasks: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        if r.get("status") == "ok":
-            tasks.setdefault(r["task"], {})[r["planner"]] = r
+    tasks = ok_by_task(rows)
     lines = [
         "| task | bound ms (predicted) | NeuroShard / bound | best heuristic | its / bound | its embedding share | "
         "a plan at the bound / best heuristic (step) | NeuroShard / best heuristic (step, measured) |",

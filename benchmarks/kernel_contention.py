@@ -112,11 +112,16 @@ def model_ratios(rows: list[dict], steps: list[dict], model: NeuralCostModel) ->
     predicts for that device (``predict_step``, forward + backward), and per task the
     range of that ratio: how far apart the model's errors on two devices can lie."""
     plans = {(s["task"], s["planner"]): Plan.from_dict(s["plan"]) for s in steps if "plan" in s}
+    predicted_devices = {}  # (task, planner) -> the plan's predicted DeviceCosts, each plan priced once
+    for label in dict.fromkeys(r["task"] for r in rows):
+        task = with_ebcs(task_of(label), StepConfig())
+        at_batch = model.with_batch_size(task.batch_size)
+        for planner in dict.fromkeys(r["planner"] for r in rows if r["task"] == label):
+            predicted_devices[label, planner] = predict_step(at_batch, task, plans[label, planner]).devices
     lines = ["| task | planner | device | alone ms | predicted ms | alone / predicted |", "|---|---|---|---|---|---|"]
     by_task: dict[str, list[float]] = {}
     for r in rows:
-        task = with_ebcs(task_of(r["task"]), StepConfig())
-        device = predict_step(model.with_batch_size(task.batch_size), task, plans[r["task"], r["planner"]]).devices[r["device"]]
+        device = predicted_devices[r["task"], r["planner"]][r["device"]]
         alone, predicted = r["alone_fwd_ms"] + r["alone_bwd_ms"], device.fwd_compute + device.bwd_compute
         by_task.setdefault(r["task"], []).append(alone / predicted)
         lines.append(f"| {r['task']} | {r['planner']} | {r['device']} | {alone:.1f} | {predicted:.1f} | {alone / predicted:.2f} |")

@@ -3,8 +3,8 @@ training-step benchmark's quick mode; both with a calibrated model's planner add
 
 import gzip
 import itertools
-import statistics
 import json
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
