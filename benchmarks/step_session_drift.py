@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stored", type=Path, default=STORED)
     args = p.parse_args(argv)
     ratios = drift(read_rows(args.now), read_rows(args.stored))
+    if not ratios:
+        p.error(f"no sample of {args.now} is one of {args.stored}'s draws: pass a file `neuroshard collect step` wrote on this machine")
     print("| kind | world size | samples | now / stored (median) | range |")
     print("|---|---|---|---|---|")
     for (kind, world), r in sorted(ratios.items()):

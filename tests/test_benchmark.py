@@ -179,3 +179,12 @@ def test_step_session_drift_matches_each_sample_to_its_stored_draw() -> None:
         {"kind": "dp", "world_size": 2, "group": 7, "fwd_ms": 2.0, "bwd_ms": 6.0},  # never stored: left out
     ]
     assert drift(now, stored) == {("all_reduce", 2): [1.5], ("dp", 2): [2.0]}
+
+
+def test_step_session_drift_refuses_a_file_with_no_stored_draw(tmp_path, capsys) -> None:
+    from benchmarks.step_session_drift import main
+
+    missing = tmp_path / "never_collected.jsonl"
+    with pytest.raises(SystemExit):
+        main([str(missing)])
+    assert f"no sample of {missing} is one of" in capsys.readouterr().err
