@@ -81,9 +81,15 @@ def copy_into_sharded(dmp: nn.Module, reference: nn.Module) -> None:
                 value.copy_(full)
 
 
-def shard_and_compare(rank: int, world_size: int, plan_dict: dict) -> dict:
+def shard_and_compare(rank: int, world_size: int, plan_dict: dict, local_size: int | None = None) -> dict:
     """Worker: shard ``two_tower`` with the plan, compare pooled outputs to the reference
-    by key, run backward (fused SGD updates the shards), return what a test checks."""
+    by key, run backward (fused SGD updates the shards), return what a test checks.
+
+    ``local_size`` (ranks per host; hosts are ``rank // local_size``), when given, is set as
+    ``LOCAL_WORLD_SIZE`` (where TorchRec reads it) and passed to ``to_torchrec``; by
+    default every rank is on one host."""
+    import os
+
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
@@ -92,7 +98,9 @@ def shard_and_compare(rank: int, world_size: int, plan_dict: dict) -> dict:
 
     reference = two_tower()
     model = two_tower()
-    plan = to_torchrec(Plan.from_dict(plan_dict), model, device_type="cpu")
+    if local_size is not None:
+        os.environ["LOCAL_WORLD_SIZE"] = str(local_size)
+    plan = to_torchrec(Plan.from_dict(plan_dict), model, device_type="cpu", local_size=local_size)
     dmp = DistributedModelParallel(
         model,
         device=torch.device("cpu"),

@@ -89,6 +89,39 @@ def test_every_kind_round_trips_and_runs_under_dmp(plan: Plan) -> None:
         assert r["changed"] >= 1
 
 
+# Two hosts of two ranks each (host = rank // 2): a1 row-split within host 1, a0
+# column-split within host 0, b0 row-split across both hosts, b1 table-wise on rank 3.
+TWO_HOSTS = Plan(
+    (
+        TablePlacement("a0", (32, 32), (1, 0), ShardingKind.TABLE_COLUMN_WISE),
+        TablePlacement("a1", devices=(2, 3), kind=ShardingKind.TABLE_ROW_WISE, rows=(20, 20)),
+        TablePlacement("b0", devices=(0, 1, 2, 3), kind=ShardingKind.ROW_WISE, rows=(10, 10, 10, 10)),
+        TablePlacement("b1", (8,), (3,)),
+    ),
+    num_devices=4,
+)
+
+
+def test_host_kinds_run_under_dmp_on_two_hosts() -> None:
+    sharding_plan = to_torchrec(TWO_HOSTS, two_tower(), local_size=2)
+    assert from_torchrec(sharding_plan, 4) == TWO_HOSTS
+    types = {name: ps.sharding_type for mp in sharding_plan.plan.values() for name, ps in mp.items()}
+    assert types == {p.table: p.kind.value for p in TWO_HOSTS.placements}
+    # a within-host kind whose devices straddle the host boundary is refused
+    spanning = Plan(
+        TWO_HOSTS.placements[:1]
+        + (TablePlacement("a1", devices=(1, 2), kind=ShardingKind.TABLE_ROW_WISE, rows=(20, 20)),)
+        + TWO_HOSTS.placements[2:],
+        num_devices=4,
+    )
+    with pytest.raises(ShardingError, match=r"'a1': table_row_wise keeps a table on one host.*\[1, 2\] span hosts of 2"):
+        to_torchrec(spanning, two_tower(), local_size=2)
+    for r in spawn(shard_and_compare, 4, TWO_HOSTS.to_dict(), 2):
+        assert r["keys"] == ["f_a0", "f_a1", "f_b0", "f_b1"]
+        assert r["max_err"] < 1e-5
+        assert r["changed"] >= 1
+
+
 def test_plan_dict_round_trip_and_memory_by_kind() -> None:
     from torchrec_neuroshard.tables import tables_from_module
 
