@@ -116,17 +116,28 @@ class AlphaBetaComm(CommModel):
     def _hosts(self, world_size: int) -> np.ndarray:
         return np.arange(world_size) // self.local_world_size
 
-    def all_to_all_ms(self, send_bytes: np.ndarray) -> np.ndarray:
-        """Per-rank ms [..., D] of an all-to-all where rank i sends ``send_bytes[..., i, j]``
-        bytes to rank j (the diagonal stays local and is ignored)."""
+    def _link_bytes(self, send_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(sent within the host, received within, sent to other hosts, received from
+        them) [..., D] of each rank of an exchange ``send_bytes`` [..., D, D]."""
         b = np.asarray(send_bytes, dtype=np.float64)
         n = b.shape[-1]
         host = self._hosts(n)
         same = host[:, None] == host[None, :]
         intra, inter = same & ~np.eye(n, dtype=bool), ~same
-        return self._exchange_ms(
-            (b * intra).sum(-1), (b * intra).sum(-2), (b * inter).sum(-1), (b * inter).sum(-2), n
-        )
+        return (b * intra).sum(-1), (b * intra).sum(-2), (b * inter).sum(-1), (b * inter).sum(-2)
+
+    def all_to_all_ms(self, send_bytes: np.ndarray) -> np.ndarray:
+        """Per-rank ms [..., D] of an all-to-all where rank i sends ``send_bytes[..., i, j]``
+        bytes to rank j (the diagonal stays local and is ignored)."""
+        return self._exchange_ms(*self._link_bytes(send_bytes), np.shape(send_bytes)[-1])
+
+    def cross_host_ms(self, send_bytes: np.ndarray) -> np.ndarray:
+        """Per-rank ms [..., D] that the bytes of ``send_bytes`` (as ``all_to_all_ms``)
+        crossing hosts take on the rank's inter-host link, the larger of what it sends and
+        receives, no latency: the least an exchange measured within one host costs across
+        hosts (0 on one host)."""
+        _, _, sent, received = self._link_bytes(send_bytes)
+        return np.maximum(sent, received) / self.inter_host_bw
 
     def all_reduce_ms(self, nbytes: float, world_size: int) -> float:
         """Ring all-reduce of ``nbytes`` on every rank: 2 (D-1) steps of nbytes / D."""

@@ -37,7 +37,7 @@ from torchrec_neuroshard.stats import format_plan_stats, stats_list, torchrec_sh
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import module_tables
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
-from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
+from torchrec_neuroshard.types import Links, Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
 
 logger = logging.getLogger(__name__)
 STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
@@ -48,11 +48,16 @@ DEFAULT_STORAGE_RESERVATION = 0.15
 
 
 class NeuroShardPlanner(ShardingPlanner):
-    """Plans table-wise / column-wise sharding with NeuroShard's pre-trained cost model.
+    """Plans every sharding kind TorchRec's sharders offer with NeuroShard's pre-trained
+    cost model: table-wise and column-wise splits by NeuroShard's search; replication and
+    row-wise splits (over all ranks, or table-row-wise over one host's when the topology
+    has several) where the model prices them (``stepcost``: a collective it did not measure
+    is priced from the topology's links).
 
     Args:
         topology: TorchRec ``Topology`` (world size, compute device, per-rank memory:
-            hbm on cuda, ddr on cpu).
+            hbm on cuda, ddr on cpu; ranks per host and the intra- and inter-host
+            bandwidths price the collectives' bytes over the links).
         batch_size: the PER-RANK batch size, exactly as ``EmbeddingShardingPlanner``
             defines it (default TorchRec's, 512). A table-wise shard's kernel sees the
             global batch, ``batch_size x world_size``; the cost model's predictions scale
@@ -215,12 +220,21 @@ class NeuroShardPlanner(ShardingPlanner):
 
     def _search(self, decided: Triage, tables: Sequence[TableSpec], modules: tuple[tuple[str, ...], ...], cap: int) -> SearchResult:
         """Place the searched tables around the decided ones (all priced in the whole
-        step, each sharded module paid at its slowest device); a split table whose
-        constraints allow only table_column_wise is labelled so."""
-        task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules)
-        # the step parts were measured on pooled kernels: sequence tables stay table/column-wise
+        step on the topology's links, each sharded module paid at its slowest device); a
+        table placed table-wise or column-wise whose constraints allow only
+        table_column_wise of the two is labelled so."""
+        links = Links.of(self.topology)
+        task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules, links)
+        # the step parts were measured on pooled kernels: sequence tables stay table/column-wise;
+        # the search places column shards anywhere, so across hosts a table that may only be
+        # cut within one (table_column_wise) stays whole
+        hosts = links.local_world_size < task.num_devices
         choices = {
-            t.spec.name: TableChoices.of(t.allowed if t.pooled else t.allowed & COLUMN_KINDS, t.spec.dim, t.min_width)
+            t.spec.name: TableChoices.of(
+                (t.allowed if t.pooled else t.allowed & COLUMN_KINDS) - ({ShardingKind.TABLE_COLUMN_WISE} if hosts else set()),
+                t.spec.dim,
+                t.min_width,
+            )
             for t in decided.searched
         }
         model = self._cost_model()
@@ -233,9 +247,11 @@ class NeuroShardPlanner(ShardingPlanner):
         crowded = kernel_size_warning(model, result.plan.kernel_sizes(task.tables, task.modules))
         if crowded:
             logger.warning("%s", crowded)
-        host_only = {t.spec.name for t in decided.searched if ShardingKind.COLUMN_WISE not in t.allowed}
+        allowed = {t.spec.name: t.allowed for t in decided.searched}
         placements = tuple(
-            replace(p, kind=ShardingKind.TABLE_COLUMN_WISE) if p.table in host_only and p.kind is ShardingKind.COLUMN_WISE else p
+            replace(p, kind=ShardingKind.TABLE_COLUMN_WISE)
+            if p.kind.splits_columns and p.kind not in allowed.get(p.table, {p.kind}) and ShardingKind.TABLE_COLUMN_WISE in allowed[p.table]
+            else p
             for p in result.plan.placements
         )
         return replace(result, plan=Plan(placements, task.num_devices))

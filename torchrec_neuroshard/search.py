@@ -5,8 +5,12 @@ it, the choice of which tables to replicate (data-parallel) or split by rows (ro
 Kinds first: every table that may be replicated gets a score from the model alone (the
 load it takes off a device minus what its replica costs every device), every table that
 may be split by rows and would take half a device's fair share or more is a row-wise
-candidate; a grid over how many of each (best scores first) is priced by the whole step
-(``stepcost.predict_step``) of a quick greedy placement, and the cheapest set is fixed.
+candidate (over every rank; on several hosts also table-row-wise, over one host's ranks,
+spread over the hosts); a grid over how many of each (best scores first) is priced by the
+whole step (``stepcost.predict_step``, on the task's links) of a quick greedy placement,
+and the cheapest set is fixed. Table-column-wise is column-wise kept on one host, with the
+same collectives: the search places column splits anywhere and labels them by the table's
+constraints (``planner``).
 
 Column splits: the greedy runs price a device's shards as one kernel and one all-to-all,
 but TorchRec runs a lookup group (kernel, input distribution, all-to-all) per sharding
@@ -38,12 +42,13 @@ from threadpoolctl import threadpool_limits
 
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
 from torchrec_neuroshard.stepcost import (
-    DATA_PARALLEL_PARTS,
-    ROW_WISE_PARTS,
     CachedEmbedder,
+    Collectives,
     Embedder,
     data_parallel_ms,
     predict_step,
+    replicates,
+    splits_rows,
 )
 from torchrec_neuroshard.types import (
     WIDTH_ALIGNMENT,
@@ -777,7 +782,7 @@ def _choose_kinds(
     one device."""
     world = task.num_devices
     parts = model.step_parts
-    if world == 1 or parts is None:
+    if world == 1 or not (replicates(model, task) or splits_rows(model, task)):
         return given
     given_names = {p.table for p in given}
     open_tables = [(i, t) for i, t in enumerate(task.tables) if t.name not in given_names]
@@ -786,10 +791,11 @@ def _choose_kinds(
     single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in open_tables}
     fair = sum(single.values()) / world
     dp: list[TableSpec] = []
-    if parts.has(*DATA_PARALLEL_PARTS):
-        base = sum(data_parallel_ms(parts, [], task.batch_size, world).values())
+    if replicates(model, task):
+        links = Collectives.of(model, task).links
+        base = sum(data_parallel_ms(parts, [], task.batch_size, world, links).values())
         gain = {
-            t.name: single[t.name] / world - (sum(data_parallel_ms(parts, [t], task.batch_size, world).values()) - base)
+            t.name: single[t.name] / world - (sum(data_parallel_ms(parts, [t], task.batch_size, world, links).values()) - base)
             for _, t in open_tables
         }
         dp = sorted(
@@ -801,19 +807,12 @@ def _choose_kinds(
             ),
             key=lambda t: (-gain[t.name], t.name),
         )
-    rw: list[TableSpec] = []
-    if parts.has(*ROW_WISE_PARTS):
-        rw = sorted(
-            (t for _, t in open_tables if choice[t.name].row_wise and t.rows >= world and single[t.name] >= fair / 2),
-            key=lambda t: (-single[t.name], t.name),
-        )
     grid = []
-    for n_rw in sorted({min(k, len(rw), len(open_tables) - 1) for k in config.row_wise_grid}):  # one table stays sharded
-        rows = [TablePlacement.row_blocks(t, range(world)) for t in rw[:n_rw]]
+    for rows in _row_choices(task, config, choice, single, fair, open_tables if splits_rows(model, task) else []):
         taken = {p.table for p in rows}
-        replicable = [t for t in dp if t.name not in taken][: len(open_tables) - n_rw - 1]
+        replicable = [t for t in dp if t.name not in taken][: len(open_tables) - len(rows) - 1]
         for n_dp in sorted({min(k, len(replicable)) for k in config.data_parallel_grid}):
-            grid.append(given + tuple(rows) + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp]))
+            grid.append(given + rows + tuple(TablePlacement.data_parallel(t.name) for t in replicable[:n_dp]))
     # one greedy placement of the whole tables around every choice, in lockstep
     # (a choice whose fixed tables leave no memory has a cap <= 0: all its runs die)
     states = []
@@ -831,6 +830,43 @@ def _choose_kinds(
         if best is None or cost < best[0] - 1e-9:
             best = (cost, fixed)
     return best[1] if best is not None else given
+
+
+def _row_choices(
+    task: Task,
+    config: SearchConfig,
+    choice: Mapping[str, TableChoices],
+    single: Mapping[str, float],
+    fair: float,
+    open_tables: Sequence[tuple[int, TableSpec]],
+) -> list[tuple[TablePlacement, ...]]:
+    """The row splits ``_choose_kinds`` tries: none, and the costliest 1, 2, 4, ... tables
+    that take half a device's fair share or more (``config.row_wise_grid``; one table of
+    ``open_tables`` stays sharded), split row-wise over every rank, or, on a topology of
+    several hosts, table-row-wise over one host each (the least loaded host first, so
+    several spread over the hosts)."""
+    world, links = task.num_devices, task.links
+    hosts = world // links.local_world_size if links is not None else 1  # full hosts
+    kinds = [ShardingKind.ROW_WISE] + ([ShardingKind.TABLE_ROW_WISE] if hosts > 1 else [])
+    out: list[tuple[TablePlacement, ...]] = [()]
+    for kind in kinds:
+        blocks = world if kind is ShardingKind.ROW_WISE else links.local_world_size
+        candidates = sorted(
+            (t for _, t in open_tables if choice[t.name].allows(kind) and t.rows >= blocks and single[t.name] >= fair / 2),
+            key=lambda t: (-single[t.name], t.name),
+        )
+        for n in sorted({min(k, len(candidates), len(open_tables) - 1) for k in config.row_wise_grid} - {0}):
+            if kind is ShardingKind.ROW_WISE:
+                out.append(tuple(TablePlacement.row_blocks(t, range(world)) for t in candidates[:n]))
+                continue
+            load, placed = np.zeros(hosts), []
+            for t in candidates[:n]:
+                host = int(np.argmin(load))
+                load[host] += single[t.name]
+                first = host * links.local_world_size
+                placed.append(TablePlacement.row_blocks(t, range(first, first + links.local_world_size), kind))
+            out.append(tuple(placed))
+    return out
 
 
 def _place(

@@ -9,15 +9,20 @@ What DistributedModelParallel runs on each rank for one step, as the evaluator
   all-to-all forward (the first group's entered with the device's compute lateness) and
   backward (the comm model). Splitting one table by columns thus adds a second kernel and
   a second set of collectives to a plan of whole tables;
-- row-wise group: the bucketised input distribution, one kernel over the device's row
-  blocks (each block sees about 1/D of its table's lookups), the reduce-scatter of the
-  pooled partial sums forward and their all-gather backward;
+- row groups, one per kind: the bucketised input distribution, one kernel over the
+  device's row blocks (each block sees about 1 / blocks of its table's lookups), the
+  reduce-scatter of the pooled partial sums forward and their all-gather backward: over
+  every rank (row-wise), or over the table's host (table-row-wise), whose ranks then trade
+  their samples with the ranks of the same place on the other hosts, each way;
 - data-parallel tables: the dense kernel at the local batch on every rank, the dense
   gradient and update, and the gradient all-reduce.
 
-The non-kernel parts come from the model's fitted ``StepParts`` (``steparts.py``); a model
-without them (measured on one GPU, or before ``neuroshard collect step``) prices those
-parts as 0, and the search then never chooses the kinds that need them.
+The non-kernel parts come from the model's fitted ``StepParts`` (``steparts.py``), measured
+within one host. On a task with ``links`` (the planner's topology) each collective also
+costs at least the time its bytes across hosts take on the inter-host link, and one the
+model did not measure (a GPU model's: they need several GPUs) is priced by the links alone
+(``Collectives``). A model without the parts and a task without links price those parts
+as 0, and the search then never chooses the kinds that need them.
 
 A device's cost: its compute (every group's kernels) + its comm (input distributions,
 forward and backward collectives). The step's embedding cost is the max over devices for
@@ -35,6 +40,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.steparts import StepParts, collective_features, dp_features, input_dist_features
 from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, Shard, ShardingKind, TablePlacement, TableSpec, Task
 
@@ -98,24 +104,88 @@ def priced_tables(tables: Sequence[TableSpec], plan: Plan) -> list[TableSpec]:
     return out
 
 
-DATA_PARALLEL_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
-ROW_WISE_PARTS = ("input_dist", "reduce_scatter", "all_gather")
+DATA_PARALLEL_KERNELS = ("dp_fwd", "dp_bwd")
+DATA_PARALLEL_COLLECTIVES = ("all_reduce",)
+ROW_WISE_COLLECTIVES = ("input_dist", "reduce_scatter", "all_gather")
 
 
-def data_parallel_ms(parts: StepParts, tables: Sequence[TableSpec], batch_size: int, world: int) -> dict[str, float]:
+@dataclass(frozen=True)
+class Collectives:
+    """Prices a step's collectives, per rank, from what is known of them.
+
+    A collective the model measured (its ``StepParts``, timed within one host) costs its
+    measurement, and never less than its bytes that cross hosts take on the task's
+    inter-host links (``AlphaBetaComm.cross_host_ms``; nothing on one host). One the model
+    did not measure (e.g. on a GPU model, whose collectives need several GPUs) is priced by
+    the links alone, intra- and inter-host apart (``AlphaBetaComm.all_to_all_ms``), the
+    stand-in the pooled all-to-all of such a model already uses. With neither, 0: the
+    search does not choose the kinds that need it (``prices``).
+    """
+
+    parts: StepParts | None
+    links: AlphaBetaComm | None
+    world: int
+
+    @staticmethod
+    def of(model: CostModel, task: Task) -> "Collectives":
+        links = None if task.links is None else AlphaBetaComm.from_topology(task.links, task.batch_size)
+        return Collectives(model.step_parts, links, task.num_devices)
+
+    def prices(self, *ops: str) -> bool:
+        """Whether every collective of ``ops`` has a price (measured, or from the links)."""
+        return self.links is not None or (self.parts is not None and self.parts.has(*ops))
+
+    def cost(self, op: str, features: Sequence[float], send: np.ndarray) -> np.ndarray:
+        """ms [D] of collective ``op``: the measured part at ``features`` (one row for all
+        ranks, or one per rank), ``send`` [D, D] the bytes rank i sends rank j."""
+        if self.parts is not None and self.parts.has(op):
+            measured = np.broadcast_to(self.parts.predict(op, features), (self.world,)).astype(np.float64)
+            return measured if self.links is None else np.maximum(measured, self.links.cross_host_ms(send))
+        return self.exchange(send)
+
+    def exchange(self, send: np.ndarray) -> np.ndarray:
+        """ms [D] of an exchange no part measures, from the links (0 without them)."""
+        return np.zeros(self.world) if self.links is None else self.links.all_to_all_ms(send)
+
+
+def _everyone_sends(per_peer: np.ndarray) -> np.ndarray:
+    """The exchange [D, D] in which every rank i sends ``per_peer[i]`` bytes to each other rank."""
+    send = np.repeat(np.asarray(per_peer, dtype=np.float64)[:, None], len(per_peer), axis=1)
+    np.fill_diagonal(send, 0.0)
+    return send
+
+
+def data_parallel_ms(
+    parts: StepParts, tables: Sequence[TableSpec], batch_size: int, world: int, links: AlphaBetaComm | None = None
+) -> dict[str, float]:
     """ms on every rank of replicating ``tables`` (one dense kernel at the local batch of
-    the global ``batch_size``, its backward with the update, one gradient all-reduce)."""
+    the global ``batch_size``, its backward with the update, one gradient all-reduce priced
+    as ``Collectives`` does with the ``links``)."""
     local = batch_size / world
     bpe = max((t.bytes_per_element for t in tables), default=4)
     shape = ([local * t.pooling_factor for t in tables], [t.dim for t in tables], [t.rows for t in tables], local, bpe)
-    elements = sum(t.rows * t.dim for t in tables)
+    nbytes = sum(t.rows * t.dim for t in tables) * bpe
+    # a reduce-scatter and an all-gather: each rank sends every other 1 / D of the gradient, twice
+    send = _everyone_sends(np.full(world, 2 * nbytes / world))
     return {
         "dp_fwd": float(parts.predict("dp_fwd", dp_features("dp_fwd", *shape))[0]),
         "dp_bwd": float(parts.predict("dp_bwd", dp_features("dp_bwd", *shape))[0]),
-        "all_reduce": float(parts.predict("all_reduce", collective_features("all_reduce", world, elements * bpe))[0])
+        "all_reduce": float(Collectives(parts, links, world).cost("all_reduce", collective_features("all_reduce", world, nbytes), send)[0])
         if world > 1
         else 0.0,
     }
+
+
+def replicates(model: CostModel, task: Task) -> bool:
+    """Whether the step of ``task`` prices replication: the dense kernel measured, its
+    all-reduce measured or the links known."""
+    parts = model.step_parts
+    return parts is not None and parts.has(*DATA_PARALLEL_KERNELS) and Collectives.of(model, task).prices(*DATA_PARALLEL_COLLECTIVES)
+
+
+def splits_rows(model: CostModel, task: Task) -> bool:
+    """Whether the step of ``task`` prices row splits: their collectives measured or the links known."""
+    return Collectives.of(model, task).prices(*ROW_WISE_COLLECTIVES)
 
 
 def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | None = None) -> StepPrediction:
@@ -146,29 +216,33 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     world = task.num_devices
     local = task.batch_size / world
     parts = model.step_parts
+    collectives = Collectives.of(model, task)
     by_name = {t.name: t for t in task.tables}
 
-    # one lookup group per column kind (TorchRec runs a kernel and a set of collectives for each)
-    column: dict[ShardingKind, list[list[Shard]]] = {}
-    blocks: list[list[Shard]] = [[] for _ in range(world)]
+    # one lookup group per kind (TorchRec runs a kernel and a set of collectives for each)
+    groups: dict[ShardingKind, list[list[Shard]]] = {}
     replicated: list[TableSpec] = []
     for p in plan.placements:
         table = by_name[p.table]
         if p.kind is ShardingKind.DATA_PARALLEL:
             replicated.append(table)
-        elif p.kind.splits_columns:
-            group = column.setdefault(p.kind, [[] for _ in range(world)])
+            continue
+        group = groups.setdefault(p.kind, [[] for _ in range(world)])
+        if p.kind.splits_columns:
             for w, d in zip(p.widths, p.devices):
                 group[d].append(Shard(table, w))
         else:
             for d, block in row_blocks(table, p):
-                blocks[d].append(Shard(block, table.dim))
-    groups = [column[k] for k in ShardingKind if k in column]
+                group[d].append(Shard(block, table.dim))
+    column = [groups[k] for k in ShardingKind if k in groups and k.splits_columns]
+    row = [groups[k] for k in ShardingKind if k in groups and k.splits_rows]
 
     # every group's kernel on every device, in one prediction: [G * D, 2] -> [D, 2]
-    kernels = model.compute_cost([dev for group in groups for dev in group], embed)
-    col = np.asarray(kernels, dtype=np.float64).reshape(len(groups), world, 2).sum(0)
-    rw = np.asarray(model.compute_cost(blocks, embed), dtype=np.float64)  # [D, 2]
+    def kernels(of: list[list[list[Shard]]]) -> np.ndarray:
+        cost = model.compute_cost([dev for group in of for dev in group], embed)
+        return np.asarray(cost, dtype=np.float64).reshape(len(of), world, 2).sum(0)
+
+    col, rw = kernels(column), kernels(row)
     out: dict[str, np.ndarray] = {
         "column_fwd": col[:, 0], "column_bwd": col[:, 1], "row_fwd": rw[:, 0], "row_bwd": rw[:, 1],
     }  # fmt: skip
@@ -176,22 +250,21 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     # data-parallel: the same dense kernel and all-reduce on every rank
     zeros = np.zeros(world)
     out["dp_fwd"] = out["dp_bwd"] = out["all_reduce"] = zeros
-    if replicated and parts is not None and parts.has(*DATA_PARALLEL_PARTS):
-        for name, ms in data_parallel_ms(parts, replicated, task.batch_size, world).items():
+    if replicated and replicates(model, task):
+        for name, ms in data_parallel_ms(parts, replicated, task.batch_size, world, collectives.links).items():
             out[name] = np.full(world, ms)
 
     # input distributions
     out["input_dist"] = zeros
-    if world > 1 and parts is not None and parts.has("input_dist"):
-        out["input_dist"] = sum((_input_dist(parts, g, world, local) for g in (*groups, blocks)), zeros)
+    if world > 1 and collectives.prices("input_dist"):
+        out["input_dist"] = sum((_input_dist(collectives, g, local) for g in (*column, *row)), zeros)
 
-    # row-wise collectives: every rank holds the global batch's partial sums of every block
-    out["reduce_scatter"] = out["all_gather"] = zeros
-    rw_dims = sum(by_name[p.table].dim for p in plan.placements if p.kind.splits_rows)
-    if world > 1 and rw_dims and parts is not None and parts.has(*ROW_WISE_PARTS):
-        nbytes = task.batch_size * rw_dims * POOLED_BYTES
-        for op in ("reduce_scatter", "all_gather"):
-            out[op] = np.full(world, parts.predict(op, collective_features(op, world, nbytes))[0])
+    # row splits: the pooled partial sums of the global batch, reduce-scattered forward and
+    # all-gathered backward: over all ranks (row-wise), over the table's host (table-row-wise,
+    # then its host's ranks trade their samples with the ranks of the same place on other hosts)
+    out["reduce_scatter"], out["all_gather"], out["cross_host"] = zeros, zeros.copy(), zeros.copy()
+    if world > 1 and row and collectives.prices(*ROW_WISE_COLLECTIVES):
+        out.update(_row_collectives(collectives, task, plan, by_name))
 
     # each column group's pooled all-to-all; the first is entered when the device's forward
     # is done (its lateness is waited for once), the others follow in step
@@ -199,16 +272,19 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     a2a = np.zeros((world, 2))
     if world > 1:
         skew = fwd_ready - fwd_ready.min()
-        for group in groups:
+        for group in column:
             dims = np.asarray([[sum(s.width for s in dev) for dev in group]], dtype=np.float64)  # [1, D]
-            a2a = a2a + model.comm_cost_array(dims, skew[None])[0]
+            cost = model.comm_cost_array(dims, skew[None])[0].astype(np.float64)  # [D, 2]
+            if collectives.links is not None:  # never below its bytes across hosts
+                cost = np.maximum(cost, collectives.links.cross_host_ms(_everyone_sends(dims[0] * local * POOLED_BYTES))[:, None])
+            a2a = a2a + cost
             skew = np.zeros(world)
-    out["a2a_fwd"], out["a2a_bwd"] = a2a[:, 0].astype(np.float64), a2a[:, 1].astype(np.float64)
+    out["a2a_fwd"], out["a2a_bwd"] = a2a[:, 0], a2a[:, 1]
 
     fwd_compute = col[:, 0] + rw[:, 0] + out["dp_fwd"]
     bwd_compute = col[:, 1] + rw[:, 1] + out["dp_bwd"]
-    fwd_comm = out["input_dist"] + out["a2a_fwd"] + out["reduce_scatter"]
-    bwd_comm = out["a2a_bwd"] + out["all_gather"] + out["all_reduce"]
+    fwd_comm = out["input_dist"] + out["a2a_fwd"] + out["reduce_scatter"] + out["cross_host"]
+    bwd_comm = out["a2a_bwd"] + out["all_gather"] + out["cross_host"] + out["all_reduce"]
     devices = tuple(DeviceCost(*map(float, v)) for v in zip(fwd_compute, bwd_compute, fwd_comm, bwd_comm))
     return StepPrediction(
         cost_ms=max(d.total for d in devices),
@@ -217,21 +293,55 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     )
 
 
-def _input_dist(parts: StepParts, devices: Sequence[Sequence[Shard]], world: int, local: float) -> np.ndarray:
+def _row_collectives(
+    collectives: Collectives, task: Task, plan: Plan, by_name: dict[str, TableSpec]
+) -> dict[str, np.ndarray]:
+    """ms [D] of the row splits' "reduce_scatter" (forward), "all_gather" (backward) and
+    "cross_host" (table-row-wise's exchange between hosts, each way)."""
+    world, local = task.num_devices, task.batch_size / task.num_devices
+    out = {name: np.zeros(world) for name in ("reduce_scatter", "all_gather", "cross_host")}
+    # the ranks each row group reduces over: every rank (row-wise), a host (table-row-wise)
+    span = task.links.local_world_size if task.links is not None else world
+    dims: dict[tuple[int, ...], int] = {}
+    for p in plan.placements:
+        if p.kind.splits_rows:
+            first = min(p.devices) // span * span if p.kind.within_host else 0
+            ranks = tuple(range(first, min(world, first + span))) if p.kind.within_host else tuple(range(world))
+            dims[ranks] = dims.get(ranks, 0) + by_name[p.table].dim
+    for ranks, dim in dims.items():
+        n, nbytes = len(ranks), task.batch_size * dim * POOLED_BYTES
+        if n > 1:
+            mine = np.zeros(world, dtype=bool)
+            mine[list(ranks)] = True
+            send = np.zeros((world, world))
+            send[np.ix_(ranks, ranks)] = nbytes / n
+            np.fill_diagonal(send, 0.0)
+            for op in ("reduce_scatter", "all_gather"):
+                out[op] += np.where(mine, collectives.cost(op, collective_features(op, n, nbytes), send), 0.0)
+        if n < world:  # rank k of the host sends each other host's rank k its local samples
+            send = np.zeros((world, world))
+            for r in ranks:
+                peers = [q for q in range(r % span, world, span) if q not in ranks]
+                send[r, peers] = local * dim * POOLED_BYTES
+            out["cross_host"] += collectives.exchange(send)
+    return out
+
+
+def _input_dist(collectives: Collectives, devices: Sequence[Sequence[Shard]], local: float) -> np.ndarray:
     """ms [D] of one group's KJT input distribution on each rank.
 
     Rank r sends rank j its local samples' bags of every shard j holds: their lengths and,
     for a column shard, every index of its table; for a row block (bucketised), the
-    indices falling in the block (``row_block_spec`` already holds 1/D of the lookups).
+    indices falling in the block (``row_block_spec`` already holds its share of the lookups).
     """
+    world = len(devices)
     if not any(devices):
         return np.zeros(world)
     # bytes one rank sends to the holder of each device's shards: [D]
     to_device = np.asarray(
         [sum(local * (s.table.pooling_factor * INDEX_BYTES + LENGTH_BYTES) for s in dev) for dev in devices]
     )
-    total = to_device.sum()
-    send = total - to_device  # rank r sends every other rank j its to_device[j]
-    recv = to_device * (world - 1)  # rank j receives to_device[j] from each other rank
-    x = np.asarray([input_dist_features(world, s, r) for s, r in zip(send, recv)])
-    return parts.predict("input_dist", x)
+    send = np.repeat(to_device[None, :], world, axis=0)  # [D, D]: rank r sends rank j to_device[j]
+    np.fill_diagonal(send, 0.0)
+    x = [input_dist_features(world, s, r) for s, r in zip(send.sum(1), send.sum(0))]
+    return collectives.cost("input_dist", x, send)

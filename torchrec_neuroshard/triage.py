@@ -1,12 +1,13 @@
 """Triage: which tables the search places, and which are decided before it.
 
 A pure step, one decision per table from that table alone (its size, the memory cap and
-the kinds its constraints allow), so the plan does not depend on the order of tables or
-modules. The search then places the searched tables in the memory the decided ones leave.
+the kinds its constraints allow; the host of a table-row-wise table from the set of them),
+so the plan does not depend on the order of tables or modules. The search then places the searched tables in the memory the decided ones leave.
 
 - searched: table-wise or column-wise is allowed and the table fits one rank;
 - row-wise over all ranks: row splits are allowed and the table is larger than a rank,
-  or row splits are all its constraints allow;
+  or row splits are all its constraints allow; table-row-wise (over one host's ranks)
+  where row-wise is not allowed, such tables spread over the hosts by their bytes;
 - data-parallel: replication is all its constraints allow;
 - anything else is an error naming the table, its bytes and what to change.
 """
@@ -49,7 +50,7 @@ def triage(
             searched.append(t)
         elif t.allowed & ROW_KINDS:
             kind = ShardingKind.ROW_WISE if ShardingKind.ROW_WISE in t.allowed else ShardingKind.TABLE_ROW_WISE
-            ranks = world_size if kind is ShardingKind.ROW_WISE else local_world_size
+            ranks = world_size if kind is ShardingKind.ROW_WISE else min(local_world_size, world_size)
             placement = TablePlacement.row_blocks(spec, range(ranks), kind)
             block = max(Plan((placement,), world_size).device_memory([spec], batch_size))
             if block > cap_bytes:
@@ -59,7 +60,7 @@ def triage(
                 )
             decided.append(placement)
             why = "restricted to row splits" if fits else f"larger than one rank's memory ({memory:,} > {cap_bytes:,} bytes)"
-            reasons.append((spec.name, f"{why}: {kind.value} over {ranks} ranks"))
+            reasons.append((spec.name, f"{why}: {kind.value} over the {ranks} ranks of a host" if kind.within_host else f"{why}: {kind.value} over {ranks} ranks"))
         elif fits and ShardingKind.DATA_PARALLEL in t.allowed:
             decided.append(TablePlacement.data_parallel(spec.name))
             reasons.append((spec.name, "restricted to data_parallel: replicated on every rank"))
@@ -69,6 +70,7 @@ def triage(
                 f"({cap_bytes:,} bytes after reservations) and its constraints allow only "
                 f"{sorted(k.value for k in t.allowed)}; allow column_wise or row_wise, or add memory"
             )
+    decided = _spread_over_hosts(decided, tables, world_size, local_world_size, batch_size)
     decided_names = {p.table for p in decided}
     fixed_tables = [t.spec for t in tables if t.spec.name in decided_names]
     fixed_memory = max(Plan(tuple(decided), world_size).device_memory(fixed_tables, batch_size), default=0)
@@ -78,3 +80,23 @@ def triage(
             f"all taken by replicated or row-wise tables ({fixed_memory:,} bytes on the fullest rank)"
         )
     return Triage(tuple(searched), tuple(decided), tuple(reasons))
+
+
+def _spread_over_hosts(
+    decided: list[TablePlacement], tables: Sequence[ModuleTable], world_size: int, local_world_size: int, batch_size: int
+) -> list[TablePlacement]:
+    """Table-row-wise tables (decided on the first host) spread over the full hosts, the
+    largest first onto the host holding the fewest of their bytes: a rule of the set of
+    tables, not of their order."""
+    hosts = world_size // local_world_size
+    spec = {t.spec.name: t.spec for t in tables}
+    size = {p.table: spec[p.table].memory_bytes(batch_size, world_size) for p in decided if p.kind is ShardingKind.TABLE_ROW_WISE}
+    if hosts < 2 or not size:
+        return decided
+    held, moved = [0] * hosts, {}
+    for name in sorted(size, key=lambda n: (-size[n], n)):
+        host = held.index(min(held))
+        held[host] += size[name]
+        first = host * local_world_size
+        moved[name] = TablePlacement.row_blocks(spec[name], range(first, first + local_world_size), ShardingKind.TABLE_ROW_WISE)
+    return [moved.get(p.table, p) for p in decided]

@@ -192,14 +192,16 @@ class Shard:
     def size_bytes(self) -> int:
         return self.num_rows * self.width * self.table.bytes_per_element
 
-    def memory_bytes(self, kind: "ShardingKind", batch_size: int, world_size: int) -> int:
+    def memory_bytes(self, kind: "ShardingKind", batch_size: int, world_size: int, blocks: int | None = None) -> int:
         """The bytes TorchRec's ``EmbeddingStorageEstimator`` counts for this shard in
         training without pipelining: weights, optimizer state, and its kernel's input
         indices and pooled output for one step (of the GLOBAL ``batch_size``).
 
         A column or table shard reads every index of the global batch and pools every bag;
-        a row block reads about 1 / D of the indices and pools every bag of the global
-        batch; a data-parallel replica (the whole table) reads and pools its local batch.
+        a row block reads about 1 / ``blocks`` of the indices (its table's row blocks:
+        default ``world_size``, as row-wise; table-row-wise has one per rank of its host)
+        and pools every bag of the global batch; a data-parallel replica (the whole table)
+        reads and pools its local batch.
         """
         t = self.table
         weights = self.size_bytes
@@ -208,7 +210,7 @@ class Shard:
         local = batch_size / world_size
         indices = t.pooling_factor * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
         if kind.splits_rows:
-            indices /= world_size
+            indices /= blocks or world_size
         bags = min(1.0, t.pooling_factor) * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
         outputs = bags if t.pooled else indices  # a sequence kernel outputs every lookup
         return (
@@ -217,6 +219,38 @@ class Shard:
             + math.ceil(indices * INPUT_INDEX_BYTES)
             + math.ceil(outputs * self.width * t.bytes_per_element)
         )
+
+
+@dataclass(frozen=True)
+class Links:
+    """The links between a task's devices, as TorchRec's ``Topology`` gives them: ranks per
+    host (rank ``r`` sits on host ``r // local_world_size``), and bytes per ms between two
+    ranks of a host and per rank between hosts. ``stepcost`` prices with them the bytes a
+    collective moves across hosts, and every collective the cost model has not measured."""
+
+    local_world_size: int
+    intra_host_bw: float
+    inter_host_bw: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "local_world_size", _whole_number(self.local_world_size, "local_world_size"))
+        if self.local_world_size < 1:
+            raise ShardingError(f"local_world_size must be >= 1, got {self.local_world_size}")
+        for name in ("intra_host_bw", "inter_host_bw"):
+            value = getattr(self, name)
+            if not (_finite_non_negative(value) and value > 0):
+                raise ShardingError(f"{name} must be a positive number of bytes per ms, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+    @staticmethod
+    def from_dict(d: dict, what: str = "the links") -> "Links":
+        """The links ``d`` (``asdict``'s layout) describes; ``what`` names them in errors."""
+        return Links(*(_field(d, key, what) for key in ("local_world_size", "intra_host_bw", "inter_host_bw")))
+
+    @staticmethod
+    def of(topology: object) -> "Links":
+        """The links of a TorchRec ``Topology``."""
+        return Links(int(topology.local_world_size), float(topology.intra_host_bw), float(topology.inter_host_bw))
 
 
 @dataclass(frozen=True)
@@ -233,6 +267,9 @@ class Task:
     """The table names of each sharded module (an EBC), in the order the model runs them;
     every table in exactly one. Each module's collectives wait for every rank, so the step
     pays each module's slowest device. Empty: the tables run as one module."""
+    links: Links | None = None
+    """The devices' hosts and links (the planner's ``Topology``); None: one host, and only
+    the collectives the cost model measured are priced."""
 
     def __post_init__(self) -> None:
         for field in ("num_devices", "memory_cap_bytes", "batch_size"):
@@ -279,6 +316,7 @@ class Task:
             self.memory_cap_bytes if memory_cap_bytes is None else memory_cap_bytes,
             self.batch_size,
             tuple(m for m in (tuple(n for n in module if n in keep) for module in self.modules) if m),
+            self.links,
         )
 
     def to_json(self) -> str:
@@ -290,6 +328,8 @@ class Task:
         }
         if self.modules:
             d["modules"] = [list(m) for m in self.modules]
+        if self.links is not None:
+            d["links"] = asdict(self.links)
         return json.dumps(d)
 
     @staticmethod
@@ -303,6 +343,7 @@ class Task:
             memory_cap_bytes=_field(d, "memory_cap_bytes", what),
             batch_size=_field(d, "batch_size", what),
             modules=d.get("modules", ()),
+            links=Links.from_dict(d["links"], f"{what}'s links") if d.get("links") is not None else None,
         )
 
     @staticmethod
@@ -454,6 +495,8 @@ class TableChoices:
     """The narrowest column shard; the table's dim keeps it whole."""
     data_parallel: bool = True
     row_wise: bool = True
+    table_row_wise: bool = True
+    """Row splits over the ranks of one host (searched when the task has several hosts)."""
 
     @staticmethod
     def of(kinds: "frozenset[ShardingKind]", dim: int, min_width: int = WIDTH_ALIGNMENT) -> "TableChoices":
@@ -464,7 +507,18 @@ class TableChoices:
             min_width=min_width if splits else dim,
             data_parallel=ShardingKind.DATA_PARALLEL in kinds,
             row_wise=ShardingKind.ROW_WISE in kinds,
+            table_row_wise=ShardingKind.TABLE_ROW_WISE in kinds,
         )
+
+    def allows(self, kind: "ShardingKind") -> bool:
+        """Whether the search may give the table ``kind`` (column kinds: a whole table always)."""
+        if kind is ShardingKind.DATA_PARALLEL:
+            return self.data_parallel
+        if kind is ShardingKind.ROW_WISE:
+            return self.row_wise
+        if kind is ShardingKind.TABLE_ROW_WISE:
+            return self.table_row_wise
+        return True
 
 
 @dataclass(frozen=True)
@@ -538,7 +592,7 @@ class Plan:
                 replica = Shard(table, table.dim).memory_bytes(p.kind, batch_size, self.num_devices)
                 used = [u + replica for u in used]
             for shard, d in p.shards(table):
-                used[d] += shard.memory_bytes(p.kind, batch_size, self.num_devices)
+                used[d] += shard.memory_bytes(p.kind, batch_size, self.num_devices, len(p.devices))
         return used
 
     def validate(self, task: Task) -> None:
