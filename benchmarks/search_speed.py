@@ -8,7 +8,9 @@ scored) and one TorchRec planning run on the same tables and memory; then the pu
 end to end (NeuroShardPlanner.plan on a 60-table EmbeddingBagCollection, 4 ranks).
 Targets: search 60 tables on 4 devices under 1 s, 856 tables on 128 devices under 10 s;
 the public API on 60 tables / 4 ranks under 2 s. ``--modules K`` deals each task's tables
-into K sharded modules (EBCs), which the search also plans module by module.
+into K sharded modules (EBCs), which the search also plans module by module;
+``--local-world-size L`` puts L devices on a host (TorchRec's default links), so the search
+prices the bytes across hosts and also tries table-row-wise.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torchrec_neuroshard.tables import module_for_tables
 from torchrec_neuroshard.costmodel import pretrained_for
 from torchrec_neuroshard.hardware import model_vs_machine
 from torchrec_neuroshard.search import search
+from torchrec_neuroshard.types import Links
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 
 GRID = ((20, 2), (60, 4), (200, 16), (500, 64), (856, 128))
@@ -46,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
     p.add_argument("--torchrec-limit", type=int, default=300, help="seconds before TorchRec's run is cut off")
     p.add_argument("--modules", type=int, default=1, help="sharded modules each task's tables are dealt into")
+    p.add_argument("--local-world-size", type=int, default=0, help="devices per host (default: all on one host, no links)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     model = pretrained_for("cpu")
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
             task = generate_task(pool, t, d, WorkloadScale(), seed=t + d)
             if args.modules > 1:
                 task = replace(task, modules=tuple(tuple(x.name for x in task.tables[k :: args.modules]) for k in range(args.modules)))
+            if args.local_world_size:
+                task = replace(task, links=Links.of(topology_for(task, local_world_size=min(args.local_world_size, d))))
             times, states = [], 0
             for _ in range(args.repeats):
                 result = search(task, model)
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            NeuroShardPlanner(topology, task.batch_size, constraints, storage_reservation=0.0).plan(
+            NeuroShardPlanner(topology, task.batch_size // task.num_devices, constraints, storage_reservation=0.0).plan(
                 module, [EmbeddingBagCollectionSharder()]
             )
             times.append(time.perf_counter() - t0)
