@@ -25,6 +25,7 @@ def _collect(args: argparse.Namespace) -> None:
         n = collect.collect_compute(
             args.out, args.samples, device, seed=args.seed, num_threads=args.threads,
             precision=args.precision, pooled=args.pooling == "sum",
+            **({"tables": tuple(args.tables)} if args.tables else {}),
         )
         print(f"{args.out}: {n} compute samples ({time.perf_counter() - t0:.0f} s this run)")
     elif args.what == "comm":
@@ -227,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"], help="compute: weight dtype")
     c.add_argument("--pooling", default="sum", choices=["sum", "none"], help="compute: pooled bags (EBC) or sequences (EC)")
+    c.add_argument(
+        "--tables", type=int, nargs=2, metavar=("LOW", "HIGH"),
+        help="compute: tables one kernel fuses, drawn uniformly (default 1 to lab.collect.MAX_TABLES_PER_SAMPLE; "
+        "give another --seed for another range)",
+    )  # fmt: skip
     c.set_defaults(func=_collect)
 
     t = sub.add_parser("pretrain", help="train the cost models on collected samples")

@@ -106,14 +106,23 @@ class ComputeSample:
 
 
 def draw_compute_sample(
-    pool: Sequence[PoolTable], scale: WorkloadScale, seed: int, index: int, one_width: bool = False
+    pool: Sequence[PoolTable],
+    scale: WorkloadScale,
+    seed: int,
+    index: int,
+    one_width: bool = False,
+    tables: tuple[int, int] = (1, MAX_TABLES_PER_SAMPLE),
 ) -> ComputeSample:
-    """T ~ U{1..15} (table, width) configs with replacement, redrawn until under the cap;
-    ``one_width``: every table at one drawn width (an unpooled kernel's layout)."""
+    """T ~ U{tables[0]..tables[1]} (default 1..15) (table, width) configs with replacement,
+    redrawn until under the cap; ``one_width``: every table at one drawn width (an unpooled
+    kernel's layout)."""
+    low, high = tables
+    if not 1 <= low <= high:
+        raise ValueError(f"tables per compute sample must be 1 <= low <= high, got {tables}")
     rng = np.random.default_rng([seed, index])
     cap = COMPUTE_MEMORY_CAP_BYTES * 64 // scale.row_divisor
     while True:
-        t = int(rng.integers(1, MAX_TABLES_PER_SAMPLE + 1))
+        t = int(rng.integers(low, high + 1))
         ids = rng.integers(0, len(pool), t)
         widths = np.full(t, rng.choice(DIMS)) if one_width else rng.choice(DIMS, t)
         size = sum(max(1, pool[i].rows // scale.row_divisor) * w * 4 for i, w in zip(ids, widths))
@@ -155,13 +164,15 @@ def collect_compute(
     sample_indices: Sequence[int] | None = None,
     precision: str = "fp32",
     pooled: bool = True,
+    tables: tuple[int, int] = (1, MAX_TABLES_PER_SAMPLE),
 ) -> int:
     """Measure compute samples ``[rows already in out, num_samples)`` and append them.
 
     Row i measures sample i of ``seed``, or sample ``sample_indices[i]`` when given (a
     chosen subset, e.g. calibration's covering order). ``precision`` and ``pooled`` choose
-    the kernel (``measure_compute.build_kernel``); every row records both. Returns the
-    number of rows in the file afterwards.
+    the kernel (``measure_compute.build_kernel``); every row records both. ``tables``: the
+    range of tables one kernel fuses (``draw_compute_sample``). Returns the number of rows
+    in the file afterwards.
     """
     if sample_indices is not None and len(sample_indices) < num_samples:
         raise ValueError(f"{num_samples} samples asked for but only {len(sample_indices)} sample indices given")
@@ -173,7 +184,7 @@ def collect_compute(
     with f:
         for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc="compute samples"):
             index = i if sample_indices is None else int(sample_indices[i])
-            sample = draw_compute_sample(pool, scale, seed, index, one_width=not pooled)
+            sample = draw_compute_sample(pool, scale, seed, index, one_width=not pooled, tables=tables)
             shards, lookups = bank.shards(sample, PRECISION_BYTES[precision])
             m = measure_compute(shards, lookups, device, warmup, repeats, num_threads, precision, pooled)
             row = {
