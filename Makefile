@@ -62,6 +62,8 @@ model: venv
 		torchrec_neuroshard/lab/data/h200_compute_seed5.jsonl.gz torchrec_neuroshard/lab/data/h200_compute_fp16.jsonl.gz \
 		torchrec_neuroshard/lab/data/h200_compute_sequence.jsonl.gz \
 		--out torchrec_neuroshard/pretrained/h200.pt
+	$(BIN)/python -m torchrec_neuroshard.lab.refit_steps --model torchrec_neuroshard/pretrained/h200.pt \
+		--data torchrec_neuroshard/lab/data/h200_step.jsonl.gz --out torchrec_neuroshard/pretrained/h200.pt
 
 clean:
 	rm -rf $(VENV) *.egg-info

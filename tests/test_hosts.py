@@ -186,3 +186,18 @@ def test_planner_spreads_table_row_wise_tables_over_hosts() -> None:
     hosts = {n: {d // 2 for d in plans[0].placement(n).devices} for n in ("big", "mid", "low")}
     assert hosts == {"big": {0}, "mid": {1}, "low": {1}}
     assert all(plans[0].placement(n).kind is ShardingKind.TABLE_ROW_WISE for n in hosts)
+
+
+@pytest.mark.parametrize("pooling, kind", [(5, ShardingKind.TABLE_WISE), (200, ShardingKind.DATA_PARALLEL)])
+def test_gpu_model_replicates_a_tiny_hot_table(pooling: float, kind: ShardingKind) -> None:
+    """h200.pt's measured dense kernel and the links' all-reduce price replication: a
+    100-row table read 200 times per sample is replicated on 8 GPUs, read 5 times it is not."""
+    task = generate_task(synthetic_pool(seed=0), 16, 8, WorkloadScale(1, 65_536), seed=16)
+    tiny = replace(task.tables[0], name="tiny", rows=100, dim=128, pooling_factor=pooling)
+    links = Links(8, 300 * GB_PER_S, 25 * GB_PER_S)
+    task = replace(task, tables=task.tables + (tiny,), links=links)
+    model = load_pretrained("h200")
+    model = model.with_comm(AlphaBetaComm.from_topology(links, model.batch_size))
+    assert search(task, model).plan.placement("tiny").kind is kind
+    # without links nothing prices the all-reduce: never replicated
+    assert search(replace(task, links=None), model).plan.placement("tiny").kind is not ShardingKind.DATA_PARALLEL
