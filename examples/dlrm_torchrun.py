@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
+from torchrec.distributed.comm import get_local_size
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import ParameterConstraints
@@ -73,7 +74,8 @@ def make_model(task: Task, device: torch.device) -> DLRMTrain:
 
 def make_plan(name: str, task: Task, model: torch.nn.Module, sharders: list, device: torch.device) -> ShardingPlan:
     world = task.num_devices
-    topology = topology_for(task, device.type)
+    local = get_local_size(world)  # ranks per host, as the launcher set them
+    topology = topology_for(task, device.type, local)
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
     if name == "neuroshard":
         planner = NeuroShardPlanner(topology, batch_size=task.batch_size // world, constraints=constraints, storage_reservation=0.0)
@@ -88,16 +90,16 @@ def make_plan(name: str, task: Task, model: torch.nn.Module, sharders: list, dev
         box: list[object] = [None]
         if dist.get_rank() == 0:
             try:
-                box[0] = torchrec_plan(task, device.type, module=model)
+                box[0] = torchrec_plan(task, device.type, module=model, local_world_size=local)
             except PlannerError as e:
                 print(
                     f"TorchRec's planner found no plan within the task's {task.memory_cap_bytes:,} bytes "
                     f"per rank ({str(e).splitlines()[0]}); running its plan at its default topology memory"
                 )
-                box[0] = torchrec_plan(task, device.type, module=model, default_memory=True)
+                box[0] = torchrec_plan(task, device.type, module=model, default_memory=True, local_world_size=local)
         dist.broadcast_object_list(box, src=0)
         return box[0]
-    return to_torchrec(baseline_plan(name, task), model, device.type)
+    return to_torchrec(baseline_plan(name, task), model, device.type, local)
 
 
 def make_batches(task: Task, rank: int, world: int, count: int, device: torch.device, seed: int) -> list[Batch]:

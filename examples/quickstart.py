@@ -25,7 +25,7 @@ model = EmbeddingBagCollection(
     device=torch.device("meta"),  # DMP materialises only each rank's shards
 )
 sharders = get_default_sharders()
-topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=world_size)
+topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]))
 planner = NeuroShardPlanner(topology, batch_size=per_rank_batch, constraints={  # per-rank batch, as TorchRec's
     "t_user": ParameterConstraints(pooling_factors=[12.0]),          # mean lookups per sample
     "t_item": ParameterConstraints(sharding_types=["table_wise"]),  # never split

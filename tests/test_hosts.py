@@ -201,3 +201,24 @@ def test_gpu_model_replicates_a_tiny_hot_table(pooling: float, kind: ShardingKin
     assert search(task, model).plan.placement("tiny").kind is kind
     # without links nothing prices the all-reduce: never replicated
     assert search(replace(task, links=None), model).plan.placement("tiny").kind is not ShardingKind.DATA_PARALLEL
+
+
+def test_gpu_placements_name_the_device_on_the_rank_host() -> None:
+    """On 2 hosts of 2 GPUs, rank 3 is cuda:1 of its host, never cuda:3."""
+    import torch
+    from torchrec.distributed.planner import Topology
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_neuroshard.planner import NeuroShardPlanner
+
+    model = EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=f"t{i}", embedding_dim=32, num_embeddings=1000, feature_names=[f"f{i}"]) for i in range(8)],
+        device=torch.device("meta"),
+    )
+    topology = Topology(world_size=4, compute_device="cuda", local_world_size=2)
+    plan = NeuroShardPlanner(topology, batch_size=64).plan(model, get_default_sharders())
+    placements = [str(s.placement) for ps in plan.plan[""].values() if ps.sharding_spec is not None for s in ps.sharding_spec.shards]
+    assert placements and all(p.split("/")[1] == f"cuda:{int(p.split('/')[0].split(':')[1]) % 2}" for p in placements)
+    assert {int(p.split("/")[0].split(":")[1]) for p in placements} - {0, 1}  # ranks of the second host are used

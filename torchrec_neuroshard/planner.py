@@ -316,7 +316,9 @@ def shard_model(
     sharders = sharders or get_default_sharders()
     if planner is None:
         world = dist.get_world_size(pg)
-        topology = Topology(world_size=world, compute_device=device.type, local_world_size=world)
+        from torchrec.distributed.comm import get_local_size  # the launcher's ranks per host
+
+        topology = Topology(world_size=world, compute_device=device.type, local_world_size=get_local_size(world))
         planner = NeuroShardPlanner(topology, batch_size=batch_size)
     plan = planner.collective_plan(model, sharders, pg)
     return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)

@@ -53,6 +53,7 @@ def torchrec_plan(
     neural: object | None = None,
     module: nn.Module | None = None,
     default_memory: bool = False,
+    local_world_size: int | None = None,
 ) -> ShardingPlan:
     """TorchRec's ``EmbeddingShardingPlanner`` on the task: its analytic perf estimator, or
     with ``neural`` (a NeuralCostModel) our ``NeuralPerfEstimator`` and ``NeuralPerfModel``
@@ -63,6 +64,7 @@ def torchrec_plan(
         module: the model to plan (its EBCs hold the task's tables); default one
             EmbeddingBagCollection of the task's tables on the meta device.
         default_memory: plan at the topology's default memory instead of the task's cap.
+        local_world_size: ranks per host (default all on one host).
 
     Returns a TorchRec ShardingPlan keyed by ``module``'s EBC paths. Raises TorchRec's
     ``PlannerError`` when it finds no plan.
@@ -76,7 +78,7 @@ def torchrec_plan(
     from torchrec_neuroshard.tables import module_for_tables
 
     batch = per_rank_batch(task)
-    topology = topology_for(task, device_type, with_memory=not default_memory)
+    topology = topology_for(task, device_type, local_world_size, with_memory=not default_memory)
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
     enumerator = performance_model = None
     if neural is not None:
