@@ -121,18 +121,21 @@ def test_a_tiny_hot_replicated_table_is_priced_near_its_measured_kernel() -> Non
 
 
 def test_refit_fits_parts_into_a_model_without_them_and_refuses_other_hardware() -> None:
-    """The H200 model has no step parts; its data-parallel kernel rows (one H200) fit into
-    it with its nets unchanged, and CPU rows are refused for it."""
+    """The H200 model's nets without step parts: its data-parallel kernel rows (one H200)
+    fit into it with its nets unchanged (as `make model` does, the shipped parts again),
+    and CPU rows are refused for it."""
     import torch
 
     from torchrec_neuroshard.costmodel import PRETRAINED_DIR
     from torchrec_neuroshard.lab.refit_steps import NETS, refit
 
     data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
-    checkpoint = torch.load(PRETRAINED_DIR / "h200.pt", map_location="cpu", weights_only=False)
-    assert "step_parts" not in checkpoint["meta"]
+    shipped = torch.load(PRETRAINED_DIR / "h200.pt", map_location="cpu", weights_only=False)
+    bare = {k: v for k, v in shipped["meta"].items() if k not in ("step_parts", "step_parts_world_sizes")}
+    checkpoint = {**shipped, "meta": {**bare, "test": {k: v for k, v in bare["test"].items() if k != "step_parts"}}}
     new, lines = refit(checkpoint, read_rows(data / "h200_step.jsonl.gz"))
     assert sorted(new["meta"]["step_parts"]) == ["dp_bwd", "dp_fwd"] and len(lines) == 2
+    assert new["meta"]["step_parts"] == shipped["meta"]["step_parts"]
     assert all(new[k] is checkpoint[k] for k in NETS if k in checkpoint)
     with pytest.raises(ShardingError, match="AMD EPYC"):
         refit(checkpoint, read_rows(data / "cpu_step.jsonl.gz")[:50])
