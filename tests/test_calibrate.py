@@ -129,3 +129,22 @@ def test_calibrate_refuses_a_negative_count_of_busy_neighbours(tmp_path) -> None
     with pytest.raises(SystemExit, match="--busy-neighbours -1"):
         main(["calibrate", "--device", "cpu", "--busy-neighbours", "-1", "--data-dir", str(tmp_path), "--out", str(tmp_path / "m.pt")])
     assert not list(tmp_path.iterdir())  # refused before measuring anything
+
+
+def test_calibrate_with_step_samples_measures_and_refits_the_step_parts(tmp_path, capsys) -> None:
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.lab.collect_step import STEP_KINDS
+
+    out, data = tmp_path / "here.pt", tmp_path / "calib"
+    args = ["calibrate", "--device", "cpu", "--epochs", "2", "--samples", "5", "--world-size", "2", "--comm-samples", "10"]
+    assert main(args + ["--step-samples", "10", "--data-dir", str(data), "--out", str(out)]) == 0
+    rows = read_rows(data / "step.jsonl")
+    assert {k: sum(r["kind"] == k for r in rows) for k in STEP_KINDS} == {k: 10 for k in STEP_KINDS}
+    assert {r["world_size"] for r in rows if "world_size" in r} == {2}
+    model, shipped = NeuralCostModel.load(out), load_pretrained("cpu")
+    assert model.meta["calibration"]["step_samples"] == 10
+    assert set(model.step_parts.parts) == set(shipped.step_parts.parts)
+    refitted = [n for n in model.step_parts.parts if model.step_parts.parts[n].coef != shipped.step_parts.parts[n].coef]
+    assert sorted(refitted) == sorted(shipped.step_parts.parts)  # every part measured again here
+    printed = capsys.readouterr().out
+    assert "step part input_dist: " in printed and "step parts" in printed

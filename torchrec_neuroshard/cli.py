@@ -111,6 +111,17 @@ def _calibrate(args: argparse.Namespace) -> None:
     for d in args.world_size:
         rows += [r for r in collect.iter_kind(collect.read_rows(comm_path), "comm") if r["world_size"] == d][: args.comm_samples]
     model = fine_tune(base, rows, epochs=args.epochs, seed=args.seed)
+    step_lines: list[str] = []
+    if args.step_samples and args.world_size:
+        from torchrec_neuroshard.lab.collect_step import collect_step
+        from torchrec_neuroshard.lab.refit_steps import refit_meta
+
+        step_path = data_dir / "step.jsonl"
+        collect_step(step_path, args.step_samples, args.world_size, seed=CALIBRATION_SEED)
+        meta, step_lines = refit_meta(model.meta, collect.read_rows(step_path))
+        model = NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
+        model.meta["calibration"]["step_samples"] = args.step_samples
+    t_step = time.perf_counter() - t0 - t_compute - t_comm
     model.meta["calibration"]["busy_neighbours"] = args.busy_neighbours
     model.save(args.out)
     cal = model.meta["calibration"]
@@ -129,10 +140,12 @@ def _calibrate(args: argparse.Namespace) -> None:
         cb, ca = cal["comm_holdout"]["before"], cal["comm_holdout"]["after"]
         was = f"{cb['mape_total']:.1f}% -> " if cb else "(trained from scratch) "
         print(f"held-out comm per device ({ca['devices']} devices): MAPE {was}{ca['mape_total']:.1f}%")
+    for line in step_lines:
+        print(f"step part {line}")
     total = time.perf_counter() - t0
     print(
         f"saved {args.out}; wall time {total:.0f} s (measuring compute {t_compute:.0f} s, comm {t_comm:.0f} s, "
-        f"fine-tuning {cal['seconds']:.0f} s). Plan with NeuroShardPlanner(topology, cost_model={str(args.out)!r})"
+        f"step parts {t_step:.0f} s, fine-tuning {cal['seconds']:.0f} s). Plan with NeuroShardPlanner(topology, cost_model={str(args.out)!r})"
     )
 
 
@@ -252,6 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--samples", type=int, default=200, help="compute samples to measure")
     k.add_argument("--world-size", type=int, nargs="*", default=[], help="also measure and calibrate comm at these world sizes")
     k.add_argument("--comm-samples", type=int, default=100, help="comm samples per world size")
+    k.add_argument(
+        "--step-samples", type=int, default=0,
+        help="with --world-size: also measure the step's other parts (input distribution, collectives, "
+        "data-parallel kernel), this many samples of each kind at each world size, and refit them (default 0: kept)",
+    )  # fmt: skip
     k.add_argument("--data-dir", default="neuroshard_calibration", help="where the measured samples go (resumable)")
     k.add_argument("--epochs", type=int, default=100, help="most fine-tuning epochs (early-stopped)")
     k.add_argument("--threads", type=int, default=1, help="CPU: torch threads for compute")

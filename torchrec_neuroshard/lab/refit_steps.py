@@ -28,9 +28,15 @@ NETS = ("compute_state", "compute_norm", "sequence_state", "sequence_norm", "com
 
 def refit(checkpoint: dict, rows: list[dict]) -> tuple[dict, list[str]]:
     """A copy of ``checkpoint`` with meta's step parts and their test metrics refitted on
+    ``rows`` (``refit_meta``), and one report line per part."""
+    meta, lines = refit_meta(checkpoint["meta"], rows)
+    return {**checkpoint, "meta": meta}, lines
+
+
+def refit_meta(meta: dict, rows: list[dict]) -> tuple[dict, list[str]]:
+    """A copy of a model's ``meta`` with its step parts and their test metrics refitted on
     ``rows``, and one report line per part. A stored part of which ``rows`` hold no
     samples is kept as it is (a file of "dp" rows refits the data-parallel parts only)."""
-    meta = checkpoint["meta"]
     _check_hardware(meta["hardware"], rows)
     seed = meta["seed"]
     data = load_step_data(rows)
@@ -59,9 +65,9 @@ def refit(checkpoint: dict, rows: list[dict]) -> tuple[dict, list[str]]:
             **meta.get("step_parts_world_sizes", {}),
             **{n: sorted(set(d.world_size.tolist())) for n, d in data.items()},
         },
-        "test": {**meta["test"], "step_parts": {**meta["test"].get("step_parts", {}), **test}},
+        "test": {**meta.get("test", {}), "step_parts": {**meta.get("test", {}).get("step_parts", {}), **test}},
     }
-    return {**checkpoint, "meta": new_meta}, lines
+    return new_meta, lines
 
 
 def _check_hardware(model_hardware: dict, rows: list[dict]) -> None:
