@@ -222,3 +222,19 @@ def test_gpu_placements_name_the_device_on_the_rank_host() -> None:
     placements = [str(s.placement) for ps in plan.plan[""].values() if ps.sharding_spec is not None for s in ps.sharding_spec.shards]
     assert placements and all(p.split("/")[1] == f"cuda:{int(p.split('/')[0].split(':')[1]) % 2}" for p in placements)
     assert {int(p.split("/")[0].split(":")[1]) for p in placements} - {0, 1}  # ranks of the second host are used
+
+
+def test_a_plan_keeping_a_table_on_one_host_may_not_span_hosts() -> None:
+    task = replace(cpu_task(), links=Links(2, 1.0, 1.0), memory_cap_bytes=2**40)
+    plan = every_kind(task, 0, 2)
+    plan.validate(task)
+    spanning = Plan(
+        tuple(TablePlacement.row_blocks(task.tables[7], (1, 2), ShardingKind.TABLE_ROW_WISE) if p.table == task.tables[7].name else p
+              for p in plan.placements),
+        4,
+    )  # fmt: skip
+    with pytest.raises(ShardingError, match=r"table_row_wise keeps a table on one host, but its devices \[1, 2\] span hosts of 2 ranks"):
+        spanning.validate(task)
+    spanning.validate(replace(task, links=None))  # one host: any devices
+    with pytest.raises(ShardingError, match="the task's links must be a Links"):
+        replace(task, links={"local_world_size": 2})

@@ -295,6 +295,8 @@ class Task:
                 )
         if self.num_devices < 1:
             raise ShardingError(f"num_devices must be >= 1, got {self.num_devices}")
+        if self.links is not None and not isinstance(self.links, Links):
+            raise ShardingError(f"the task's links must be a Links (e.g. Links.of(topology)), got {self.links!r}")
         if self.memory_cap_bytes <= 0:
             raise ShardingError(f"memory cap must be positive, got {self.memory_cap_bytes} bytes")
         if self.batch_size < 1:
@@ -631,6 +633,12 @@ class Plan:
                     raise ShardingError(
                         f"table {p.table!r}: device {d} out of range [0, {self.num_devices})"
                     )
+            local = task.links.local_world_size if task.links is not None else self.num_devices
+            if p.kind.within_host and len({d // local for d in p.devices}) > 1:
+                raise ShardingError(
+                    f"table {p.table!r}: {p.kind.value} keeps a table on one host, but its devices "
+                    f"{list(p.devices)} span hosts of {local} ranks"
+                )
         missing = sorted(names - seen)
         if missing:
             raise ShardingError(f"plan does not place tables {missing}")
