@@ -47,8 +47,6 @@ from torchrec_neuroshard.stepcost import (
     Embedder,
     data_parallel_ms,
     predict_step,
-    replicates,
-    splits_rows,
 )
 from torchrec_neuroshard.types import (
     WIDTH_ALIGNMENT,
@@ -62,6 +60,7 @@ from torchrec_neuroshard.types import (
     TablePlacement,
     TableSpec,
     Task,
+    spread_over_hosts,
 )
 
 Widths = tuple[tuple[int, ...], ...]
@@ -782,7 +781,8 @@ def _choose_kinds(
     one device."""
     world = task.num_devices
     parts = model.step_parts
-    if world == 1 or not (replicates(model, task) or splits_rows(model, task)):
+    collectives = Collectives.of(model, task)
+    if world == 1 or not (collectives.replicates() or collectives.splits_rows()):
         return given
     given_names = {p.table for p in given}
     open_tables = [(i, t) for i, t in enumerate(task.tables) if t.name not in given_names]
@@ -791,8 +791,8 @@ def _choose_kinds(
     single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in open_tables}
     fair = sum(single.values()) / world
     dp: list[TableSpec] = []
-    if replicates(model, task):
-        links = Collectives.of(model, task).links
+    if collectives.replicates():
+        links = collectives.links
         base = sum(data_parallel_ms(parts, [], task.batch_size, world, links).values())
         gain = {
             t.name: single[t.name] / world - (sum(data_parallel_ms(parts, [t], task.batch_size, world, links).values()) - base)
@@ -808,7 +808,7 @@ def _choose_kinds(
             key=lambda t: (-gain[t.name], t.name),
         )
     grid = []
-    for rows in _row_choices(task, config, choice, single, fair, open_tables if splits_rows(model, task) else []):
+    for rows in _row_choices(task, config, choice, single, fair, open_tables if collectives.splits_rows() else []):
         taken = {p.table for p in rows}
         replicable = [t for t in dp if t.name not in taken][: len(open_tables) - len(rows) - 1]
         for n_dp in sorted({min(k, len(replicable)) for k in config.data_parallel_grid}):
@@ -858,14 +858,8 @@ def _row_choices(
         for n in sorted({min(k, len(candidates), len(open_tables) - 1) for k in config.row_wise_grid} - {0}):
             if kind is ShardingKind.ROW_WISE:
                 out.append(tuple(TablePlacement.row_blocks(t, range(world)) for t in candidates[:n]))
-                continue
-            load, placed = np.zeros(hosts), []
-            for t in candidates[:n]:
-                host = int(np.argmin(load))
-                load[host] += single[t.name]
-                first = host * links.local_world_size
-                placed.append(TablePlacement.row_blocks(t, range(first, first + links.local_world_size), kind))
-            out.append(tuple(placed))
+            else:
+                out.append(spread_over_hosts(candidates[:n], lambda t: single[t.name], world, links.local_world_size))
     return out
 
 

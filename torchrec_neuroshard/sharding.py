@@ -74,11 +74,7 @@ def _parameter_sharding(p: TablePlacement, rows: int, dim: int, device_type: str
         return ParameterSharding(
             sharding_type=p.kind.value, compute_kernel=DENSE, ranks=None, sharding_spec=None
         )
-    if p.kind.within_host and len({d // local_size for d in p.devices}) > 1:
-        raise ShardingError(
-            f"table {p.table!r}: {p.kind.value} keeps a table on one host, but its devices "
-            f"{list(p.devices)} span hosts of {local_size} ranks"
-        )
+    p.check_on_one_host(local_size)
     if p.kind.splits_columns:
         if sum(p.widths) != dim:
             raise ShardingError(

@@ -42,7 +42,17 @@ import numpy as np
 
 from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.steparts import StepParts, collective_features, dp_features, input_dist_features
-from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, Shard, ShardingKind, TablePlacement, TableSpec, Task
+from torchrec_neuroshard.types import (
+    CostModel,
+    DeviceCost,
+    Plan,
+    Shard,
+    ShardingKind,
+    TablePlacement,
+    TableSpec,
+    Task,
+    host_ranks,
+)
 
 INDEX_BYTES = 8
 LENGTH_BYTES = 4
@@ -135,6 +145,14 @@ class Collectives:
         """Whether every collective of ``ops`` has a price (measured, or from the links)."""
         return self.links is not None or (self.parts is not None and self.parts.has(*ops))
 
+    def replicates(self) -> bool:
+        """Whether replication is priced: the dense kernel measured, its all-reduce priced."""
+        return self.parts is not None and self.parts.has(*DATA_PARALLEL_KERNELS) and self.prices(*DATA_PARALLEL_COLLECTIVES)
+
+    def splits_rows(self) -> bool:
+        """Whether row splits are priced: their collectives measured or the links known."""
+        return self.prices(*ROW_WISE_COLLECTIVES)
+
     def cost(self, op: str, features: Sequence[float], send: np.ndarray) -> np.ndarray:
         """ms [D] of collective ``op``: the measured part at ``features`` (one row for all
         ranks, or one per rank), ``send`` [D, D] the bytes rank i sends rank j."""
@@ -174,18 +192,6 @@ def data_parallel_ms(
         if world > 1
         else 0.0,
     }
-
-
-def replicates(model: CostModel, task: Task) -> bool:
-    """Whether the step of ``task`` prices replication: the dense kernel measured, its
-    all-reduce measured or the links known."""
-    parts = model.step_parts
-    return parts is not None and parts.has(*DATA_PARALLEL_KERNELS) and Collectives.of(model, task).prices(*DATA_PARALLEL_COLLECTIVES)
-
-
-def splits_rows(model: CostModel, task: Task) -> bool:
-    """Whether the step of ``task`` prices row splits: their collectives measured or the links known."""
-    return Collectives.of(model, task).prices(*ROW_WISE_COLLECTIVES)
 
 
 def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | None = None) -> StepPrediction:
@@ -250,7 +256,7 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     # data-parallel: the same dense kernel and all-reduce on every rank
     zeros = np.zeros(world)
     out["dp_fwd"] = out["dp_bwd"] = out["all_reduce"] = zeros
-    if replicated and replicates(model, task):
+    if replicated and collectives.replicates():
         for name, ms in data_parallel_ms(parts, replicated, task.batch_size, world, collectives.links).items():
             out[name] = np.full(world, ms)
 
@@ -263,7 +269,7 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     # all-gathered backward: over all ranks (row-wise), over the table's host (table-row-wise,
     # then its host's ranks trade their samples with the ranks of the same place on other hosts)
     out["reduce_scatter"], out["all_gather"], out["cross_host"] = zeros, zeros.copy(), zeros.copy()
-    if world > 1 and row and collectives.prices(*ROW_WISE_COLLECTIVES):
+    if world > 1 and row and collectives.splits_rows():
         out.update(_row_collectives(collectives, task, plan, by_name))
 
     # each column group's pooled all-to-all; the first is entered when the device's forward
@@ -305,8 +311,7 @@ def _row_collectives(
     dims: dict[tuple[int, ...], int] = {}
     for p in plan.placements:
         if p.kind.splits_rows:
-            first = min(p.devices) // span * span if p.kind.within_host else 0
-            ranks = tuple(range(first, min(world, first + span))) if p.kind.within_host else tuple(range(world))
+            ranks = tuple(host_ranks(min(p.devices), span, world) if p.kind.within_host else range(world))
             dims[ranks] = dims.get(ranks, 0) + by_name[p.table].dim
     for ranks, dim in dims.items():
         n, nbytes = len(ranks), task.batch_size * dim * POOLED_BYTES

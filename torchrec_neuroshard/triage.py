@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from torchrec_neuroshard.tables import ModuleTable
-from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement
+from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement, spread_over_hosts
 
 COLUMN_KINDS = frozenset(k for k in ShardingKind if k.splits_columns)
 ROW_KINDS = frozenset(k for k in ShardingKind if k.splits_rows)
@@ -60,7 +60,8 @@ def triage(
                 )
             decided.append(placement)
             why = "restricted to row splits" if fits else f"larger than one rank's memory ({memory:,} > {cap_bytes:,} bytes)"
-            reasons.append((spec.name, f"{why}: {kind.value} over the {ranks} ranks of a host" if kind.within_host else f"{why}: {kind.value} over {ranks} ranks"))
+            where = f"the {ranks} ranks of a host" if kind.within_host else f"{ranks} ranks"
+            reasons.append((spec.name, f"{why}: {kind.value} over {where}"))
         elif fits and ShardingKind.DATA_PARALLEL in t.allowed:
             decided.append(TablePlacement.data_parallel(spec.name))
             reasons.append((spec.name, "restricted to data_parallel: replicated on every rank"))
@@ -88,15 +89,11 @@ def _spread_over_hosts(
     """Table-row-wise tables (decided on the first host) spread over the full hosts, the
     largest first onto the host holding the fewest of their bytes: a rule of the set of
     tables, not of their order."""
-    hosts = world_size // local_world_size
     spec = {t.spec.name: t.spec for t in tables}
-    size = {p.table: spec[p.table].memory_bytes(batch_size, world_size) for p in decided if p.kind is ShardingKind.TABLE_ROW_WISE}
-    if hosts < 2 or not size:
+    spread = [spec[p.table] for p in decided if p.kind is ShardingKind.TABLE_ROW_WISE]
+    if world_size // local_world_size < 2 or not spread:
         return decided
-    held, moved = [0] * hosts, {}
-    for name in sorted(size, key=lambda n: (-size[n], n)):
-        host = held.index(min(held))
-        held[host] += size[name]
-        first = host * local_world_size
-        moved[name] = TablePlacement.row_blocks(spec[name], range(first, first + local_world_size), ShardingKind.TABLE_ROW_WISE)
+    size = {t.name: t.memory_bytes(batch_size, world_size) for t in spread}
+    spread.sort(key=lambda t: (-size[t.name], t.name))
+    moved = {p.table: p for p in spread_over_hosts(spread, lambda t: size[t.name], world_size, local_world_size)}
     return [moved.get(p.table, p) for p in decided]

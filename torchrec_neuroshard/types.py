@@ -462,6 +462,15 @@ class TablePlacement:
         rows = tuple(max(0, min(block, table.rows - i * block)) for i in range(len(devices)))
         return TablePlacement(table.name, devices=tuple(devices), kind=kind, rows=rows)
 
+    def check_on_one_host(self, local_world_size: int) -> None:
+        """Raise ``ShardingError`` naming the table when its kind keeps it on one host
+        (``within_host``) but its devices span hosts of ``local_world_size`` ranks."""
+        if self.kind.within_host and len({d // local_world_size for d in self.devices}) > 1:
+            raise ShardingError(
+                f"table {self.table!r}: {self.kind.value} keeps a table on one host, but its devices "
+                f"{list(self.devices)} span hosts of {local_world_size} ranks"
+            )
+
     def shards(self, table: TableSpec) -> list[tuple[Shard, int]]:
         """(shard, device) pairs; empty for data_parallel."""
         if self.kind.splits_columns:
@@ -484,6 +493,27 @@ class TablePlacement:
             d["table"], tuple(d.get("widths", ())), tuple(d.get("devices", ())),
             d.get("kind"), tuple(d.get("rows", ())),
         )
+
+
+def host_ranks(rank: int, local_world_size: int, world_size: int) -> range:
+    """The ranks of the host of ``rank`` (rank ``r`` sits on host ``r // local_world_size``)."""
+    first = rank // local_world_size * local_world_size
+    return range(first, min(world_size, first + local_world_size))
+
+
+def spread_over_hosts(
+    tables: Sequence[TableSpec], weight: Callable[[TableSpec], float], world_size: int, local_world_size: int
+) -> tuple[TablePlacement, ...]:
+    """``tables`` table-row-wise, each in the order given onto the full host that holds the
+    least ``weight`` of those before it (the first such host on ties)."""
+    held = [0.0] * (world_size // local_world_size)
+    placed = []
+    for t in tables:
+        host = held.index(min(held))
+        held[host] += weight(t)
+        ranks = host_ranks(host * local_world_size, local_world_size, world_size)
+        placed.append(TablePlacement.row_blocks(t, ranks, ShardingKind.TABLE_ROW_WISE))
+    return tuple(placed)
 
 
 @dataclass(frozen=True)
@@ -633,12 +663,7 @@ class Plan:
                     raise ShardingError(
                         f"table {p.table!r}: device {d} out of range [0, {self.num_devices})"
                     )
-            local = task.links.local_world_size if task.links is not None else self.num_devices
-            if p.kind.within_host and len({d // local for d in p.devices}) > 1:
-                raise ShardingError(
-                    f"table {p.table!r}: {p.kind.value} keeps a table on one host, but its devices "
-                    f"{list(p.devices)} span hosts of {local} ranks"
-                )
+            p.check_on_one_host(task.links.local_world_size if task.links is not None else self.num_devices)
         missing = sorted(names - seen)
         if missing:
             raise ShardingError(f"plan does not place tables {missing}")
