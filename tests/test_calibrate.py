@@ -148,3 +148,8 @@ def test_calibrate_with_step_samples_measures_and_refits_the_step_parts(tmp_path
     assert sorted(refitted) == sorted(shipped.step_parts.parts)  # every part measured again here
     printed = capsys.readouterr().out
     assert "step part input_dist: " in printed and "step parts" in printed
+
+
+def test_calibrate_refuses_step_samples_without_world_sizes(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="--step-samples 10 measures the step's parts at --world-size sizes"):
+        main(["calibrate", "--device", "cpu", "--step-samples", "10", "--data-dir", str(tmp_path), "--out", str(tmp_path / "m.pt")])

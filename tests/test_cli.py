@@ -23,3 +23,10 @@ def test_errors_exit_2_with_a_message(tmp_path, capsys) -> None:
     empty.write_text("")
     assert main(["pretrain", "--data", str(empty), "--out", str(tmp_path / "m.pt")]) == 2
     assert "no samples in" in capsys.readouterr().err
+
+
+def test_collect_compute_with_an_empty_table_range_is_a_clear_error(tmp_path, capsys) -> None:
+    out = tmp_path / "c.jsonl"
+    assert main(["collect", "compute", "--tables", "16", "8", "--samples", "1", "--out", str(out)]) == 2
+    assert "tables per compute sample must be 1 <= LOW <= HIGH, got 16 8" in capsys.readouterr().err
+    assert not out.exists() or out.read_text() == ""

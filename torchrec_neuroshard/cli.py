@@ -94,6 +94,8 @@ def _calibrate(args: argparse.Namespace) -> None:
     data_dir = Path(args.data_dir)
     if args.busy_neighbours < 0:
         raise SystemExit(f"--busy-neighbours {args.busy_neighbours}: a count of processes, 0 or more")
+    if args.step_samples and not args.world_size:
+        raise SystemExit(f"--step-samples {args.step_samples} measures the step's parts at --world-size sizes; give them")
     if args.busy_neighbours and device.type != "cpu":
         raise SystemExit("--busy-neighbours times CPU kernels beside other ranks' kernels; a GPU's ranks do not share it")
     busy = f"_busy{args.busy_neighbours}" if args.busy_neighbours else ""  # samples of another condition, kept apart

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from torchrec_neuroshard.hardware import cpu_cores, cpu_name
 from torchrec_neuroshard.lab.measure_comm import measure_comm
 from torchrec_neuroshard.lab.measure_compute import Lookups, measure_compute
-from torchrec_neuroshard.types import Shard, TableSpec
+from torchrec_neuroshard.types import Shard, ShardingError, TableSpec
 from torchrec_neuroshard.lab.workloads import DIMS, PoolTable, WorkloadScale, divisible_batch, synthetic_pool, table_spec
 
 MAX_TABLES_PER_SAMPLE = 15
@@ -118,7 +118,7 @@ def draw_compute_sample(
     kernel's layout)."""
     low, high = tables
     if not 1 <= low <= high:
-        raise ValueError(f"tables per compute sample must be 1 <= low <= high, got {tables}")
+        raise ShardingError(f"tables per compute sample must be 1 <= LOW <= HIGH, got {low} {high}")
     rng = np.random.default_rng([seed, index])
     cap = COMPUTE_MEMORY_CAP_BYTES * 64 // scale.row_divisor
     while True:
