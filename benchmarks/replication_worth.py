@@ -1,0 +1,85 @@
+"""What a predicted millisecond of replication costs in the measured DMP step.
+
+    python -m benchmarks.replication_worth benchmarks/results/dmp_step_heldout.jsonl ...
+
+For every plan of each ``benchmarks.dmp_step`` run, the shipped model prices the step
+(``stepcost.predict_step``) and splits the slowest device's predicted cost in two: what
+replicating its data-parallel tables costs there (their dense kernel forward and backward
+and their gradient all-reduce) and the rest. Per run, least squares fits
+
+    measured step ms = c_task + rest_weight * rest + replication_weight * replication
+
+(one intercept per task: the dense part and the run's fixed costs; a task's plans differ
+in how they split the same work). Were the model's balance between replicating and
+sharding right, the two weights would be equal; ``replication / rest`` is the share of its
+predicted price a replication costs in the step. 90% intervals from 500 bootstrap draws of
+the plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+REPLICATION_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
+
+
+def priced_rows(rows: Sequence[dict], model) -> tuple[np.ndarray, np.ndarray]:
+    """[N, tasks + 2] design (task one-hots, rest ms, replication ms) and [N] measured step ms."""
+    from benchmarks.dmp_ranks import task_of
+    from benchmarks.dmp_step import StepConfig, with_ebcs
+    from torchrec_neuroshard.stepcost import predict_step
+    from torchrec_neuroshard.types import Plan
+
+    rows = [r for r in rows if r.get("status") == "ok"]
+    labels = sorted({r["task"] for r in rows})
+    tasks = {label: with_ebcs(task_of(label), StepConfig()) for label in labels}
+    design, step = [], []
+    for r in rows:
+        task = tasks[r["task"]]
+        pred = predict_step(model.with_batch_size(task.batch_size), task, Plan.from_dict(r["plan"]))
+        slowest = int(np.argmax([d.total for d in pred.devices]))
+        replication = sum(pred.parts[k][slowest] for k in REPLICATION_PARTS)
+        design.append([float(r["task"] == label) for label in labels] + [pred.cost_ms - replication, replication])
+        step.append(r["step_ms"])
+    return np.asarray(design), np.asarray(step)
+
+
+def fit(design: np.ndarray, step: np.ndarray, draws: int = 500, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """rest and replication weights and their ratio: (estimate, 5th, 95th percentile)."""
+
+    def weights(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        coef = np.linalg.lstsq(x, y, rcond=None)[0][-2:]
+        return np.array([coef[0], coef[1], coef[1] / coef[0]])
+
+    rng = np.random.default_rng(seed)
+    boot = np.array([weights(design[i], step[i]) for i in (rng.integers(0, len(step), len(step)) for _ in range(draws))])
+    est = weights(design, step)
+    lo, hi = np.percentile(boot, [5, 95], axis=0)
+    return {k: (float(est[j]), float(lo[j]), float(hi[j])) for j, k in enumerate(("rest", "replication", "ratio"))}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", type=Path, nargs="+", help="benchmarks.dmp_step results files (.jsonl)")
+    args = p.parse_args(argv)
+    from torchrec_neuroshard.costmodel import load_pretrained
+
+    model = load_pretrained("cpu")
+    print(f"`python -m benchmarks.replication_worth {' '.join(map(str, args.results))}`\n")
+    print("| run | plans | with replication | rest weight | replication weight | replication / rest |")
+    print("|---|---|---|---|---|---|")
+    for path in args.results:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        design, step = priced_rows(rows, model)
+        w = fit(design, step)
+        cells = " | ".join(f"{e:.2f} ({lo:.2f}-{hi:.2f})" for e, lo, hi in w.values())
+        print(f"| {path.stem} | {len(step)} | {int((design[:, -1] > 0).sum())} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
