@@ -1,0 +1,37 @@
+import numpy as np
+
+from benchmarks.replication_worth import fit
+
+
+def test_fit_recovers_the_weights_of_rest_and_replication_behind_task_intercepts() -> None:
+    rng = np.random.default_rng(0)
+    rows = []
+    for task, intercept in enumerate((50.0, 120.0, 300.0)):
+        for _ in range(12):
+            rest, replication = rng.uniform(20, 100), rng.choice([0.0, rng.uniform(5, 30)])
+            step = intercept + 2.0 * rest + 1.0 * replication + rng.normal(0, 0.5)
+            rows.append(([float(task == k) for k in range(3)] + [rest, replication], step))
+    design, step = np.asarray([r[0] for r in rows]), np.asarray([r[1] for r in rows])
+    weights = fit(design, step, draws=100)
+    assert abs(weights["rest"][0] - 2.0) < 0.05
+    assert abs(weights["replication"][0] - 1.0) < 0.1
+    assert abs(weights["ratio"][0] - 0.5) < 0.05
+    assert weights["ratio"][1] <= weights["ratio"][0] <= weights["ratio"][2]
+
+
+def test_a_dmp_run_is_priced_per_plan_with_one_intercept_per_task() -> None:
+    import json
+    from pathlib import Path
+
+    from benchmarks.replication_worth import priced_rows
+    from torchrec_neuroshard.costmodel import load_pretrained
+
+    path = Path(__file__).parents[1] / "benchmarks/results/dmp_step_lowdrift_heldout.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()][:14]  # two tasks of 7 plans
+    design, step = priced_rows(rows, load_pretrained("cpu"))
+    assert design.shape == (14, 2 + 2) and step.shape == (14,)
+    assert (design[:, :2].sum(1) == 1).all()
+    assert (design[:, -2] > 0).all() and (design[:, -1] >= 0).all()
+    # TorchRec replicates on T16 pool 2; a table-wise plan prices no replication
+    planners = [r["planner"] for r in rows]
+    assert design[planners.index("torchrec"), -1] > 0 and design[planners.index("size"), -1] == 0
