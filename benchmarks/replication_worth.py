@@ -13,7 +13,10 @@ and their gradient all-reduce) and the rest. Per run, least squares fits
 in how they split the same work). Were the model's balance between replicating and
 sharding right, the two weights would be equal; ``replication / rest`` is the share of its
 predicted price a replication costs in the step. 90% intervals from 500 bootstrap draws of
-the plans.
+the plans. Beside it, how well the model ranks each task's plans (median within-task
+Spearman against the measured step) as it prices them, and with the gradient all-reduce
+hidden behind the sharded lookups' backward (paid only where longer), as DDP's hooks
+could run it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ REPLICATION_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
 
 
 def priced_rows(rows: Sequence[dict], model) -> tuple[np.ndarray, np.ndarray]:
-    """[N, tasks + 2] design (task one-hots, rest ms, replication ms) and [N] measured step ms."""
+    """[N, tasks + 2] design (task one-hots, rest ms, replication ms), [N] measured step ms and
+    [N] the predicted step with the all-reduce hidden behind the sharded backward."""
     from benchmarks.dmp_ranks import task_of
     from benchmarks.dmp_step import StepConfig, with_ebcs
     from torchrec_neuroshard.stepcost import predict_step
@@ -38,7 +42,7 @@ def priced_rows(rows: Sequence[dict], model) -> tuple[np.ndarray, np.ndarray]:
     rows = [r for r in rows if r.get("status") == "ok"]
     labels = sorted({r["task"] for r in rows})
     tasks = {label: with_ebcs(task_of(label), StepConfig()) for label in labels}
-    design, step = [], []
+    design, step, hidden = [], [], []
     for r in rows:
         task = tasks[r["task"]]
         pred = predict_step(model.with_batch_size(task.batch_size), task, Plan.from_dict(r["plan"]))
@@ -46,7 +50,11 @@ def priced_rows(rows: Sequence[dict], model) -> tuple[np.ndarray, np.ndarray]:
         replication = sum(pred.parts[k][slowest] for k in REPLICATION_PARTS)
         design.append([float(r["task"] == label) for label in labels] + [pred.cost_ms - replication, replication])
         step.append(r["step_ms"])
-    return np.asarray(design), np.asarray(step)
+        parts = {k: np.asarray(v) for k, v in pred.parts.items()}  # [D] each
+        behind = np.minimum(parts["all_reduce"], parts["column_bwd"] + parts["row_bwd"])
+        totals = np.asarray([d.total for d in pred.devices])  # [D]
+        hidden.append(pred.cost_ms - float(totals.max() - (totals - behind).max()))
+    return np.asarray(design), np.asarray(step), np.asarray(hidden)
 
 
 def fit(design: np.ndarray, step: np.ndarray, draws: int = 500, seed: int = 0) -> dict[str, tuple[float, float, float]]:
@@ -63,6 +71,14 @@ def fit(design: np.ndarray, step: np.ndarray, draws: int = 500, seed: int = 0) -
     return {k: (float(est[j]), float(lo[j]), float(hi[j])) for j, k in enumerate(("rest", "replication", "ratio"))}
 
 
+def within_task_spearman(design: np.ndarray, step: np.ndarray, predicted: np.ndarray) -> float:
+    """Median over tasks (the one-hot columns) of Spearman(predicted, measured step)."""
+    from scipy.stats import spearmanr
+
+    tasks = design[:, :-2].argmax(1)
+    return float(np.median([spearmanr(predicted[tasks == t], step[tasks == t])[0] for t in np.unique(tasks)]))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path, nargs="+", help="benchmarks.dmp_step results files (.jsonl)")
@@ -71,14 +87,16 @@ def main(argv: list[str] | None = None) -> None:
 
     model = load_pretrained("cpu")
     print(f"`python -m benchmarks.replication_worth {' '.join(map(str, args.results))}`\n")
-    print("| run | plans | with replication | rest weight | replication weight | replication / rest |")
-    print("|---|---|---|---|---|---|")
+    print("| run | plans | with replication | rest weight | replication weight | replication / rest | within-task Spearman: as priced / all-reduce hidden |")
+    print("|---|---|---|---|---|---|---|")
     for path in args.results:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        design, step = priced_rows(rows, model)
+        design, step, hidden = priced_rows(rows, model)
         w = fit(design, step)
         cells = " | ".join(f"{e:.2f} ({lo:.2f}-{hi:.2f})" for e, lo, hi in w.values())
-        print(f"| {path.stem} | {len(step)} | {int((design[:, -1] > 0).sum())} | {cells} |")
+        priced = design[:, -2] + design[:, -1]
+        ranks = f"{within_task_spearman(design, step, priced):.3f} / {within_task_spearman(design, step, hidden):.3f}"
+        print(f"| {path.stem} | {len(step)} | {int((design[:, -1] > 0).sum())} | {cells} | {ranks} |")
 
 
 if __name__ == "__main__":

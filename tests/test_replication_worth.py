@@ -28,8 +28,9 @@ def test_a_dmp_run_is_priced_per_plan_with_one_intercept_per_task() -> None:
 
     path = Path(__file__).parents[1] / "benchmarks/results/dmp_step_lowdrift_heldout.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()][:14]  # two tasks of 7 plans
-    design, step = priced_rows(rows, load_pretrained("cpu"))
-    assert design.shape == (14, 2 + 2) and step.shape == (14,)
+    design, step, hidden = priced_rows(rows, load_pretrained("cpu"))
+    assert design.shape == (14, 2 + 2) and step.shape == hidden.shape == (14,)
+    assert (hidden <= design[:, -2:].sum(1) + 1e-9).all()  # hiding the all-reduce never adds
     assert (design[:, :2].sum(1) == 1).all()
     assert (design[:, -2] > 0).all() and (design[:, -1] >= 0).all()
     # TorchRec replicates on T16 pool 2; a table-wise plan prices no replication
