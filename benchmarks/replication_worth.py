@@ -17,6 +17,10 @@ the plans. Beside it, how well the model ranks each task's plans (median within-
 Spearman against the measured step) as it prices them, and with the gradient all-reduce
 hidden behind the sharded lookups' backward (paid only where longer), as DDP's hooks
 could run it.
+
+``--scaled-model OUT`` writes the shipped model with its replication parts scaled by the
+median ratio of the runs given (a model file ``dmp_step --calibrated OUT`` plans with,
+interleaved with the shipped one): an experiment, fitted on those runs, to measure on others.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ def within_task_spearman(design: np.ndarray, step: np.ndarray, predicted: np.nda
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", type=Path, nargs="+", help="benchmarks.dmp_step results files (.jsonl)")
+    p.add_argument("--scaled-model", type=Path, help="write the shipped model with replication priced at the median ratio")
     args = p.parse_args(argv)
     from torchrec_neuroshard.costmodel import load_pretrained
 
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"`python -m benchmarks.replication_worth {' '.join(map(str, args.results))}`\n")
     print("| run | plans | with replication | rest weight | replication weight | replication / rest | within-task Spearman: as priced / all-reduce hidden |")
     print("|---|---|---|---|---|---|---|")
+    ratios = []
     for path in args.results:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         design, step, hidden = priced_rows(rows, model)
@@ -97,6 +103,20 @@ def main(argv: list[str] | None = None) -> None:
         priced = design[:, -2] + design[:, -1]
         ranks = f"{within_task_spearman(design, step, priced):.3f} / {within_task_spearman(design, step, hidden):.3f}"
         print(f"| {path.stem} | {len(step)} | {int((design[:, -1] > 0).sum())} | {cells} | {ranks} |")
+        ratios.append(w["ratio"][0])
+    if args.scaled_model:
+        write_scaled(load_pretrained("cpu"), float(np.median(ratios)), args.scaled_model, [p.name for p in args.results])
+        print(f"\nWrote {args.scaled_model}: the shipped model, replication parts x {np.median(ratios):.3f} (median ratio).")
+
+
+def write_scaled(model, weight: float, out: Path, runs: Sequence[str]) -> None:
+    """Save ``model`` with its replication parts' coefficients times ``weight`` (linear parts:
+    every prediction times ``weight``), recording where the weight came from."""
+    parts = dict(model.meta["step_parts"])
+    for name in REPLICATION_PARTS:
+        parts[name] = [weight * c for c in parts[name]]
+    model.meta = {**model.meta, "step_parts": parts, "calibration": {"replication_weight": weight, "fitted_on": list(runs)}}
+    model.save(out)
 
 
 if __name__ == "__main__":

@@ -36,3 +36,16 @@ def test_a_dmp_run_is_priced_per_plan_with_one_intercept_per_task() -> None:
     # TorchRec replicates on T16 pool 2; a table-wise plan prices no replication
     planners = [r["planner"] for r in rows]
     assert design[planners.index("torchrec"), -1] > 0 and design[planners.index("size"), -1] == 0
+
+
+def test_the_scaled_model_prices_replication_times_the_weight_and_nothing_else(tmp_path) -> None:
+    from benchmarks.replication_worth import REPLICATION_PARTS, write_scaled
+    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+
+    shipped = load_pretrained("cpu")
+    write_scaled(load_pretrained("cpu"), 0.5, tmp_path / "scaled.pt", ["run.jsonl"])
+    scaled = NeuralCostModel.load(tmp_path / "scaled.pt")
+    assert scaled.meta["calibration"] == {"replication_weight": 0.5, "fitted_on": ["run.jsonl"]}
+    for name, part in shipped.step_parts.parts.items():
+        factor = 0.5 if name in REPLICATION_PARTS else 1.0
+        assert np.allclose(scaled.step_parts.parts[name].coef, [factor * c for c in part.coef])
