@@ -28,14 +28,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from torchrec_neuroshard.costmodel import NeuralCostModel
 
 REPLICATION_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
 
 
-def priced_rows(rows: Sequence[dict], model) -> tuple[np.ndarray, np.ndarray]:
+def priced_rows(rows: Sequence[dict], model: "NeuralCostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[N, tasks + 2] design (task one-hots, rest ms, replication ms), [N] measured step ms and
     [N] the predicted step with the all-reduce hidden behind the sharded backward."""
     from benchmarks.dmp_ranks import task_of
@@ -109,9 +112,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\nWrote {args.scaled_model}: the shipped model, replication parts x {np.median(ratios):.3f} (median ratio).")
 
 
-def write_scaled(model, weight: float, out: Path, runs: Sequence[str]) -> None:
-    """Save ``model`` with its replication parts' coefficients times ``weight`` (linear parts:
-    every prediction times ``weight``), recording where the weight came from."""
+def write_scaled(model: "NeuralCostModel", weight: float, out: Path, runs: Sequence[str]) -> None:
+    """Save ``model`` (a freshly loaded one: its meta is replaced) with its replication parts'
+    coefficients times ``weight`` (linear parts: every prediction times ``weight``),
+    recording where the weight came from."""
     parts = dict(model.meta["step_parts"])
     for name in REPLICATION_PARTS:
         parts[name] = [weight * c for c in parts[name]]
