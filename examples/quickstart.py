@@ -41,4 +41,5 @@ pooled = model(batch).wait()
 pooled.values().sum().backward()  # the fused optimizer updates the shards in backward
 if dist.get_rank() == 0:
     print(plan)
+dist.barrier()  # no rank tears the group down while another still uses it
 dist.destroy_process_group()
