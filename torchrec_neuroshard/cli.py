@@ -114,7 +114,8 @@ def _calibrate(args: argparse.Namespace) -> None:
         rows += [r for r in collect.iter_kind(collect.read_rows(comm_path), "comm") if r["world_size"] == d][: args.comm_samples]
     model = fine_tune(base, rows, epochs=args.epochs, seed=args.seed)
     step_lines: list[str] = []
-    if args.step_samples and args.world_size:
+    t_before_step = time.perf_counter()
+    if args.step_samples:  # with --world-size (checked above)
         from torchrec_neuroshard.lab.collect_step import collect_step
         from torchrec_neuroshard.lab.refit_steps import refit_meta
 
@@ -123,7 +124,7 @@ def _calibrate(args: argparse.Namespace) -> None:
         meta, step_lines = refit_meta(model.meta, collect.read_rows(step_path))
         model = NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
         model.meta["calibration"]["step_samples"] = args.step_samples
-    t_step = time.perf_counter() - t0 - t_compute - t_comm
+    t_step = time.perf_counter() - t_before_step
     model.meta["calibration"]["busy_neighbours"] = args.busy_neighbours
     model.save(args.out)
     cal = model.meta["calibration"]
