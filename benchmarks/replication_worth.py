@@ -79,11 +79,12 @@ def fit(design: np.ndarray, step: np.ndarray, draws: int = 500, seed: int = 0) -
 
 
 def within_task_spearman(design: np.ndarray, step: np.ndarray, predicted: np.ndarray) -> float:
-    """Median over tasks (the one-hot columns) of Spearman(predicted, measured step)."""
-    from scipy.stats import spearmanr
+    """Median over tasks (the one-hot columns) of ``dmp_step.within_task_spearman``."""
+    from benchmarks.dmp_step import within_task_spearman as per_task
 
-    tasks = design[:, :-2].argmax(1)
-    return float(np.median([spearmanr(predicted[tasks == t], step[tasks == t])[0] for t in np.unique(tasks)]))
+    keys = list(enumerate(design[:, :-2].argmax(1)))  # (row, task)
+    by_task = per_task({(t, i): predicted[i] for i, t in keys}, {(t, i): step[i] for i, t in keys})
+    return float(np.median(list(by_task.values())))
 
 
 def main(argv: list[str] | None = None) -> None:
