@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -27,15 +28,21 @@ from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stepcost import predict_step
-from torchrec_neuroshard.types import Plan, Task
+from torchrec_neuroshard.types import Plan, ShardingError, Task
 
 HERE = Path(__file__).parent
 
 
 def task_of(label: str) -> Task:
     """The generated task of a dmp_step label ``T{tables}_D{devices}_pool{seed}``."""
-    tables, devices, pool = label.split("_")
-    return generated_tasks([int(tables[1:])], [int(pool[4:])], int(devices[1:]), WorkloadScale())[0][0]
+    found = re.fullmatch(r"T(\d+)_D(\d+)_pool(\d+)", label)
+    if found is None:
+        raise ShardingError(
+            f"task {label!r} is no generated dmp_step task (T<tables>_D<devices>_pool<seed>); "
+            "a run of --task files cannot be re-priced from its labels"
+        )
+    tables, devices, pool = map(int, found.groups())
+    return generated_tasks([tables], [pool], devices, WorkloadScale())[0][0]
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:

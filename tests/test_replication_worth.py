@@ -49,3 +49,14 @@ def test_the_scaled_model_prices_replication_times_the_weight_and_nothing_else(t
     for name, part in shipped.step_parts.parts.items():
         factor = 0.5 if name in REPLICATION_PARTS else 1.0
         assert np.allclose(scaled.step_parts.parts[name].coef, [factor * c for c in part.coef])
+
+
+def test_a_run_of_task_files_is_refused_naming_the_label() -> None:
+    import pytest
+
+    from benchmarks.dmp_ranks import task_of
+    from torchrec_neuroshard.types import ShardingError
+
+    assert task_of("T16_D2_pool4").num_devices == 2
+    with pytest.raises(ShardingError, match="'my_task'.*T<tables>_D<devices>_pool<seed>"):
+        task_of("my_task")
