@@ -30,3 +30,17 @@ def test_collect_compute_with_an_empty_table_range_is_a_clear_error(tmp_path, ca
     assert main(["collect", "compute", "--tables", "16", "8", "--samples", "1", "--out", str(out)]) == 2
     assert "tables per compute sample must be 1 <= LOW <= HIGH, got 16 8" in capsys.readouterr().err
     assert not out.exists() or out.read_text() == ""
+
+
+def test_calibrate_refuses_counts_that_measure_nothing_before_writing_anything(tmp_path) -> None:
+    import pytest
+
+    data, out = tmp_path / "calib", tmp_path / "m.pt"
+    base = ["calibrate", "--device", "cpu", "--data-dir", str(data), "--out", str(out)]
+    with pytest.raises(SystemExit, match=r"--samples 0: calibrate fine-tunes on measured compute samples; give 1 or more"):
+        main(base + ["--samples", "0"])
+    with pytest.raises(SystemExit, match=r"--comm-samples 0 with --world-size: give 1 or more"):
+        main(base + ["--world-size", "2", "--comm-samples", "0"])
+    with pytest.raises(SystemExit, match=r"--step-samples -1: give 0"):
+        main(base + ["--step-samples", "-1"])
+    assert not data.exists() and not out.exists()  # no empty compute.jsonl left behind

@@ -65,6 +65,16 @@ def _pretrain(args: argparse.Namespace) -> None:
     print(f"saved {args.out} (trained in {model.meta['train_seconds']} s)")
 
 
+def _check_calibrate_counts(args: argparse.Namespace) -> None:
+    """Refuse sample counts that would measure nothing (and leave empty sample files)."""
+    if args.samples < 1:
+        raise SystemExit(f"--samples {args.samples}: calibrate fine-tunes on measured compute samples; give 1 or more (default 200)")
+    if args.world_size and args.comm_samples < 1:
+        raise SystemExit(f"--comm-samples {args.comm_samples} with --world-size: give 1 or more comm samples per world size")
+    if args.step_samples < 0:
+        raise SystemExit(f"--step-samples {args.step_samples}: give 0 (keep the step parts) or more")
+
+
 def _calibrate(args: argparse.Namespace) -> None:
     import torch
 
@@ -75,6 +85,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     from torchrec_neuroshard.lab.launch import default_device
     from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 
+    _check_calibrate_counts(args)  # before anything is measured or written
     t0 = time.perf_counter()
     device = torch.device(args.device) if args.device else default_device()
     load, cores = os.getloadavg()[0], cpu_cores()
