@@ -293,7 +293,8 @@ def test_a_sequence_table_split_by_columns_evenly_matches_the_unsharded_model() 
 
 def test_torchrec_stats_log_our_plan(caplog) -> None:
     """stats= takes TorchRec's Stats as EmbeddingShardingPlanner does (one or a list): its
-    EmbeddingStats logs TorchRec's table of our plan, our ranks and predicted perf in it;
+    EmbeddingStats logs TorchRec's table of our plan, our ranks and each table's own
+    predicted perf in it;
     any other object is refused when the planner is made."""
     from torchrec.distributed.planner.stats import EmbeddingStats, NoopEmbeddingStats
 
@@ -303,10 +304,14 @@ def test_torchrec_stats_log_our_plan(caplog) -> None:
         planner.plan(model, SHARDERS)
     text = caplog.text
     assert "--- Planner Statistics ---" in text
-    cost = planner.search_result_.devices
-    # TorchRec's per-rank Perf column is our predicted device cost (rounded to 3 places)
-    for rank, c in enumerate(cost):
-        assert f"{round(c.total, 3)} (" in text, (rank, c.total)
+    from torchrec_neuroshard.costmodel import cost_model_for
+    from torchrec_neuroshard.stats import table_perfs
+
+    perfs = table_perfs(cost_model_for(planner.topology, None), planner.task_, planner.plan_)
+    # TorchRec's per-rank Perf column sums the rank's tables' own predicted costs (rounded to 3 places)
+    for rank in range(2):
+        own = sum(perfs[p.table][rank].total for p in planner.plan_.placements if rank in p.devices)
+        assert f"{round(own, 3)} (" in text, (rank, own)
     for p in planner.plan_.placements:
         assert f".{p.table} " in text
     with pytest.raises(ShardingError, match=r"stats='yes': give a TorchRec Stats .* got str"):

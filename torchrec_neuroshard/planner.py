@@ -33,7 +33,7 @@ from torchrec_neuroshard.costmodel import (
 from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import to_torchrec
-from torchrec_neuroshard.stats import format_plan_stats, stats_list, torchrec_sharding_options
+from torchrec_neuroshard.stats import format_plan_stats, stats_list, table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import module_tables
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
@@ -90,7 +90,8 @@ class NeuroShardPlanner(ShardingPlanner):
             ``EmbeddingShardingPlanner`` takes it; default none (NeuroShard's own table comes
             with ``debug``). After each plan every one is called with TorchRec's arguments
             and our plan as TorchRec ``ShardingOption``s (``stats.torchrec_sharding_options``:
-            our shards and ranks, TorchRec's storage estimate of them, our predicted perf).
+            our shards and ranks, TorchRec's storage estimate of them, each table's own
+            predicted perf, ``stats.table_perfs``; 0 when no table was searched).
         access_hists: measured access histograms by table (``profile_batches``).
 
     After ``plan``: ``plan_`` (our ``Plan``), ``task_`` (every table as a ``Task`` at the
@@ -196,11 +197,10 @@ class NeuroShardPlanner(ShardingPlanner):
         """Call every TorchRec ``Stats`` as ``EmbeddingShardingPlanner`` does, with our plan."""
         result = self.search_result_
         batch = self._global_batch() // self.topology.world_size
+        perfs = table_perfs(self._model, self.task_, self.plan_) if self.task_ is not None else {}
         options, enumerator = torchrec_sharding_options(
-            self.plan_, module, sharders, self.topology, batch, self.constraints,
-            [t.name for t in self.task_.tables] if self.task_ is not None else [],
-            result.devices if result is not None else (),
-        )  # fmt: skip
+            self.plan_, module, sharders, self.topology, batch, self.constraints, perfs
+        )
         for stats in self._stats:
             stats.log(
                 sharding_plan=sharding_plan,
@@ -237,7 +237,7 @@ class NeuroShardPlanner(ShardingPlanner):
             )
             for t in decided.searched
         }
-        model = self._cost_model()
+        model = self._model = self._cost_model()
         result = search(task, model, self.search_config, choices, decided.decided)
         # every table the compute net priced (not those triage replicated), a row-wise one as its blocks
         replicated = {p.table for p in decided.decided if p.kind is ShardingKind.DATA_PARALLEL}

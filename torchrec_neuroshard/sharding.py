@@ -34,7 +34,8 @@ def to_torchrec(
 
     Column kinds get an explicit ``EnumerableShardingSpec`` placing each width (in column
     order) on its device, so uneven widths and two shards on one rank both work; row kinds
-    one block of rows per device; data-parallel tables the dense kernel, replicated.
+    one block of rows per device; data-parallel tables the dense kernel, replicated on
+    every rank (``ranks`` lists them all, as in TorchRec's plans).
 
     Args:
         module: the model (its tables read by ``tables.module_shapes``), or its tables as
@@ -62,17 +63,19 @@ def to_torchrec(
                 f"table {name!r} (module {t.path!r}) is a sequence (EmbeddingCollection) table cut into unequal "
                 f"column shards {list(p.widths)}; TorchRec's sequence all-to-all needs equal widths: cut it evenly"
             )
-        module_plan[name] = _parameter_sharding(p, t.rows, t.dim, device_type, local_size)
+        module_plan[name] = _parameter_sharding(p, t.rows, t.dim, device_type, local_size, plan.num_devices)
     extra = sorted(set(placements) - seen)
     if extra:
         raise ShardingError(f"the plan names tables the module does not have: {extra}")
     return ShardingPlan(plan=module_plans)
 
 
-def _parameter_sharding(p: TablePlacement, rows: int, dim: int, device_type: str, local_size: int) -> ParameterSharding:
-    if p.kind is ShardingKind.DATA_PARALLEL:
+def _parameter_sharding(
+    p: TablePlacement, rows: int, dim: int, device_type: str, local_size: int, world: int
+) -> ParameterSharding:
+    if p.kind is ShardingKind.DATA_PARALLEL:  # every rank holds it, as TorchRec's plans say
         return ParameterSharding(
-            sharding_type=p.kind.value, compute_kernel=DENSE, ranks=None, sharding_spec=None
+            sharding_type=p.kind.value, compute_kernel=DENSE, ranks=list(range(world)), sharding_spec=None
         )
     p.check_on_one_host(local_size)
     if p.kind.splits_columns:

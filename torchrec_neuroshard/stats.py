@@ -13,7 +13,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, ShardingOpt
 from torchrec.distributed.types import ModuleSharder
 
 from torchrec_neuroshard.sharding import DENSE, FUSED
-from torchrec_neuroshard.types import DeviceCost, Plan, ShardingError, ShardingKind, TableSpec
+from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, ShardingError, ShardingKind, TableSpec, Task
 
 
 def format_plan_stats(
@@ -66,15 +66,14 @@ def torchrec_sharding_options(
     topology: Topology,
     batch_size: int,
     constraints: Mapping[str, ParameterConstraints] | None,
-    priced: Sequence[str],
-    devices: Sequence[DeviceCost],
+    perfs: Mapping[str, Sequence[DeviceCost]],
 ) -> tuple[list[ShardingOption], EmbeddingEnumerator]:
     """TorchRec's ``ShardingOption`` of every table of ``plan`` as TorchRec's ``Stats``
     read them (and the enumerator that made them): our sharding type, the fused kernel (the
-    dense one for data parallel), our shards with their sizes, offsets and ranks, TorchRec's
-    storage estimate of those shards, and our predicted perf: each device's ``devices``
-    cost shared evenly by the column shards of the ``priced`` (searched) tables on it; the
-    other shards, which the cost model does not price, get perf 0.
+    dense one for data parallel), our shards with their sizes, offsets and ranks (a
+    replicated table one per rank), TorchRec's storage estimate of those shards, and our
+    predicted perf: a shard on device d gets ``perfs[table][d]``, its table's own cost there
+    (``table_perfs``); a table not in ``perfs`` gets perf 0.
 
     ``batch_size`` is the per-rank batch, as TorchRec's planner takes it.
     """
@@ -98,18 +97,17 @@ def torchrec_sharding_options(
     missing = sorted(set(kinds) - set(chosen))
     if missing:
         raise ShardingError(f"TorchRec's enumerator offers no option for the planned sharding of tables {missing}")
-    priced_set = set(priced)
-    on_device = [0] * plan.num_devices  # priced column shards per device
-    for p in plan.placements:
-        if p.table in priced_set and p.kind.splits_columns:
-            for d in p.devices:
-                on_device[d] += 1
     zero = Perf(0.0, 0.0, 0.0, 0.0)
+
+    def perf(table: str, d: int) -> Perf:
+        c = perfs.get(table)
+        return Perf(c[d].fwd_compute, c[d].fwd_comm, c[d].bwd_compute, c[d].bwd_comm) if c else zero
+
     for p in plan.placements:
         option = chosen[p.table]
         rows, dim = option.tensor.shape
         if p.kind is ShardingKind.DATA_PARALLEL:
-            option.shards = [TorchRecShard([rows, dim], [0, 0], perf=zero, rank=r) for r in range(plan.num_devices)]
+            option.shards = [TorchRecShard([rows, dim], [0, 0], perf=perf(p.table, r), rank=r) for r in range(plan.num_devices)]
             continue
         shards = []
         for i, d in enumerate(p.devices):
@@ -117,16 +115,21 @@ def torchrec_sharding_options(
                 size, offset = [rows, p.widths[i]], [0, sum(p.widths[:i])]
             else:
                 size, offset = [p.rows[i], dim], [sum(p.rows[:i]), 0]
-            perf = zero
-            if p.table in priced_set and p.kind.splits_columns and devices:
-                c, n = devices[d], on_device[d]
-                perf = Perf(c.fwd_compute / n, c.fwd_comm / n, c.bwd_compute / n, c.bwd_comm / n)
-            shards.append(TorchRecShard(size, offset, perf=perf, rank=d))
+            shards.append(TorchRecShard(size, offset, perf=perf(p.table, d), rank=d))
         option.shards = shards
     options = [chosen[p.table] for p in plan.placements]
     sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
     EmbeddingStorageEstimator(topology, cons).estimate(options, sharder_data)
     return options, enumerator
+
+
+def table_perfs(model: CostModel, task: Task, plan: Plan) -> dict[str, tuple[DeviceCost, ...]]:
+    """Each table's own predicted cost on every device: the table alone in the step, as
+    ``predicted_breakdown`` prices a plan (the cost model prices a device's shards as one
+    kernel, so the tables' costs on a device need not add up to the device's)."""
+    from torchrec_neuroshard.search import predicted_breakdown
+
+    return {p.table: predicted_breakdown(model, task.subset([p.table]), plan.subset({p.table}))[1] for p in plan.placements}
 
 
 def stats_list(stats: object) -> list[Stats]:
