@@ -42,3 +42,37 @@ def test_embedding_stats_of_a_plan_with_a_replicated_table_show_each_tables_own_
     everything = {n: ParameterConstraints(sharding_types=["data_parallel"]) for n in ("a0", "a1", "b0", "b1")}
     only_dp = NeuroShardPlanner(topology(), 64, stats=EmbeddingStats(), constraints=everything).plan(two_tower(), SHARDERS)
     assert all(ps.ranks == [0, 1] for m in only_dp.plan.values() for ps in m.values())
+
+
+def plan_that_torchrec_refuses(rank: int, world: int) -> tuple[str, str]:
+    """Worker: collective_plan where TorchRec's HeuristicalStorageReservation raises its
+    PlannerError on rank 0 (a 1-byte HBM cap)."""
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    gpus = Topology(world_size=world, compute_device="cuda", hbm_cap=1, local_world_size=world)
+    planner = NeuroShardPlanner(gpus, 8, storage_reservation=HeuristicalStorageReservation(percentage=0.15))
+    try:
+        planner.collective_plan(two_tower(), SHARDERS)
+    except Exception as e:  # noqa: BLE001 - what each rank sees is the result
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
+def test_any_error_planning_on_rank_0_reaches_every_rank_as_itself() -> None:
+    from torchrec_neuroshard.lab.launch import spawn
+
+    got = spawn(plan_that_torchrec_refuses, 2)
+    assert got[0] == got[1] and got[0][0] == "PlannerError" and "negative available hbm" in got[0][1]
+
+
+def test_an_error_that_does_not_pickle_is_sent_as_a_runtime_error_naming_it() -> None:
+    from torchrec_neuroshard.planner import _portable
+
+    class Odd(Exception):
+        def __init__(self, code: int, *, why: str) -> None:
+            super().__init__(f"code {code}: {why}")
+
+    e = ValueError("plain")
+    assert _portable(e) is e
+    sent = _portable(Odd(3, why="keyword-only"))
+    assert type(sent) is RuntimeError and "Odd on rank 0 while planning: code 3: keyword-only" in str(sent)

@@ -9,6 +9,7 @@ and NeuroShard's search. Its plans go straight into ``DistributedModelParallel``
 from __future__ import annotations
 
 import logging
+import pickle
 import time
 from pathlib import Path
 from dataclasses import replace
@@ -166,7 +167,8 @@ class NeuroShardPlanner(ShardingPlanner):
         pg: dist.ProcessGroup | None = None,
     ) -> ShardingPlan:
         """Plan on rank 0 of ``pg`` (default: the world) and broadcast: every rank gets the
-        identical plan. An error on rank 0 is raised on every rank."""
+        identical plan. Any error planning on rank 0 is raised on every rank, the same
+        type and message (``_portable``); rank 0 raises the original, with its traceback."""
         if sharders is None:
             from torchrec.distributed.sharding_plan import get_default_sharders
 
@@ -178,13 +180,16 @@ class NeuroShardPlanner(ShardingPlanner):
             )
         pg = pg or dist.GroupMember.WORLD
         box: list[object] = [None]
+        error: Exception | None = None
         if dist.get_rank(pg) == 0:
             try:
                 box[0] = self.plan(module, sharders)
-            except ShardingError as e:
-                box[0] = e
+            except Exception as e:  # every rank must leave the broadcast below, then raise it
+                error, box[0] = e, _portable(e)
         src = dist.get_global_rank(pg, 0) if pg is not dist.GroupMember.WORLD else 0
         dist.broadcast_object_list(box, src=src, group=pg, device=_broadcast_device(pg))
+        if error is not None:
+            raise error
         if isinstance(box[0], Exception):
             raise box[0]
         return box[0]  # type: ignore[return-value]
@@ -290,6 +295,18 @@ class NeuroShardPlanner(ShardingPlanner):
         )
         field = "hbm" if self.topology.compute_device == "cuda" else "ddr"
         return int(min(getattr(d.storage, field) for d in reserved.devices))
+
+
+def _portable(error: Exception) -> Exception:
+    """``error`` if it survives pickling as the same type and message (what the broadcast
+    sends), else a ``RuntimeError`` naming its type and message."""
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+        if type(copy) is type(error) and str(copy) == str(error):
+            return error
+    except Exception:  # noqa: BLE001 - an exception that does not pickle
+        pass
+    return RuntimeError(f"{type(error).__module__}.{type(error).__qualname__} on rank 0 while planning: {error}")
 
 
 def _broadcast_device(pg: dist.ProcessGroup) -> torch.device:
