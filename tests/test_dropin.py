@@ -13,6 +13,7 @@ from tests.models import two_tower
 from torchrec_neuroshard.costmodel import cost_model_for
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.stats import table_perfs
+from torchrec_neuroshard.types import ShardingError
 
 SHARDERS = [EmbeddingBagCollectionSharder()]
 STATS = "torchrec.distributed.planner.stats"
@@ -76,3 +77,148 @@ def test_an_error_that_does_not_pickle_is_sent_as_a_runtime_error_naming_it() ->
     assert _portable(e) is e
     sent = _portable(Odd(3, why="keyword-only"))
     assert type(sent) is RuntimeError and "Odd on rank 0 while planning: code 3: keyword-only" in str(sent)
+
+
+REFUSED_ARGUMENTS = ("enumerator", "proposer", "partitioner", "performance_model")
+HONOURED_ARGUMENTS = {  # each one's behaviour test
+    "topology": "test_topology_none_is_torchrecs_default_for_this_process",
+    "batch_size": "test_positional_use_as_torchrecs_planner",
+    "storage_reservation": "tests/test_planner.py::test_constructor_takes_torchrecs_keywords",
+    "stats": "test_embedding_stats_of_a_plan_with_a_replicated_table_show_each_tables_own_perf",
+    "constraints": "test_every_parameter_constraints_field_is_honoured_or_refused_by_name",
+    "debug": "tests/test_planner.py::test_constructor_takes_torchrecs_keywords",
+    "callbacks": "test_callbacks_change_the_plan_as_in_torchrecs_planner",
+    "timeout_seconds": "test_timeout_seconds_is_a_planning_budget",
+    "plan_loader": "test_a_plan_loader_plan_is_used_as_torchrecs_planner_uses_it",
+}
+
+
+def test_every_torchrec_planner_parameter_is_taken_in_its_order_with_its_default() -> None:
+    import inspect
+
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    theirs = [p for p in inspect.signature(EmbeddingShardingPlanner.__init__).parameters.values() if p.name != "self"]
+    ours = [p for p in inspect.signature(NeuroShardPlanner.__init__).parameters.values() if p.name != "self"]
+    assert [(p.name, p.default, p.kind) for p in ours[: len(theirs)]] == [(p.name, p.default, p.kind) for p in theirs]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours[len(theirs) :])  # NeuroShard's own
+    for p in theirs:
+        assert (p.name in REFUSED_ARGUMENTS) != (p.name in HONOURED_ARGUMENTS), p.name
+        if p.name in REFUSED_ARGUMENTS:
+            with pytest.raises(ShardingError, match=rf"{p.name}=object: NeuroShardPlanner takes no {p.name}.*estimator_in_torchrec.py"):
+                NeuroShardPlanner(topology(), **{p.name: object()})
+    # TorchRec's constraints were NeuroShard's third positional: a dict there is named
+    with pytest.raises(ShardingError, match=r"enumerator=dict \(a dict: constraints are TorchRec's 9th parameter"):
+        NeuroShardPlanner(topology(), 64, {"a0": ParameterConstraints()})
+
+
+def test_positional_use_as_torchrecs_planner() -> None:
+    planner = NeuroShardPlanner(topology(), 64)
+    planner.plan(two_tower(), SHARDERS)
+    assert planner.batch_size == 64 and planner.task_.batch_size == 64 * 2  # per-rank, as TorchRec's
+
+
+def test_topology_none_is_torchrecs_default_for_this_process() -> None:
+    import torch.distributed as dist
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    with pytest.raises(ShardingError, match="topology=None builds TorchRec's default topology .*init_process_group first, or pass a Topology"):
+        NeuroShardPlanner()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ours, theirs = NeuroShardPlanner().topology, EmbeddingShardingPlanner()._topology
+    finally:
+        dist.destroy_process_group()
+    assert {k: v for k, v in vars(ours).items() if k != "_devices"} == {k: v for k, v in vars(theirs).items() if k != "_devices"}
+    assert [(d.rank, d.storage) for d in ours.devices] == [(d.rank, d.storage) for d in theirs.devices]
+
+
+def test_callbacks_change_the_plan_as_in_torchrecs_planner() -> None:
+    """Each callback gets the plan as TorchRec ShardingOptions and returns them; the plan
+    is built from what the last one returns (here: every shard moved to the other rank)."""
+    from torchrec.distributed.planner.types import ShardingOption
+
+    seen: list[list] = []
+
+    def swap_ranks(options: list) -> list:
+        seen.append([(o.name, o.sharding_type, [s.rank for s in o.shards]) for o in options])
+        for o in options:
+            if o.sharding_type != "data_parallel":
+                for s in o.shards:
+                    s.rank = 1 - s.rank
+        return options
+
+    plain = NeuroShardPlanner(topology(), 64)
+    plain.plan(two_tower(), SHARDERS)
+    swapped = NeuroShardPlanner(topology(), 64, callbacks=[swap_ranks])
+    plan = swapped.plan(two_tower(), SHARDERS)
+    assert sorted(n for n, _, _ in seen[0]) == ["a0", "a1", "b0", "b1"]
+    for p, q in zip(plain.plan_.placements, swapped.plan_.placements):
+        assert p.table == q.table and p.kind == q.kind and q.devices == tuple(1 - d for d in p.devices)
+    for module_plan in plan.plan.values():
+        for name, ps in module_plan.items():
+            assert ps.ranks == list(swapped.plan_.placement(name).devices) or ps.sharding_type == "data_parallel"
+    with pytest.raises(ShardingError, match=r"callbacks=.*: give a list of callables"):
+        NeuroShardPlanner(topology(), callbacks=swap_ranks)
+    with pytest.raises(ShardingError, match=r"callback '<lambda>' returned NoneType; a callback returns the list"):
+        NeuroShardPlanner(topology(), 64, callbacks=[lambda options: None]).plan(two_tower(), SHARDERS)
+    assert all(isinstance(o, ShardingOption) for o in swap_ranks([]))
+
+
+def test_timeout_seconds_is_a_planning_budget(caplog) -> None:
+    """Past the budget the search splits no deeper and returns its best plan so far, logged."""
+    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+    from torchrec_neuroshard.tables import module_for_tables
+
+    task = generate_task(synthetic_pool(), 12, 2, WorkloadScale(), seed=2)
+    model = module_for_tables(task.tables)
+    full = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), task.batch_size // 2)
+    full.plan(model, SHARDERS)
+    rushed = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), task.batch_size // 2, timeout_seconds=1e-9)
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.planner"):
+        plan = rushed.plan(model, SHARDERS)
+    assert len(rushed.plan_.placements) == 12 and plan.plan
+    assert rushed.search_result_.states_evaluated < full.search_result_.states_evaluated
+    assert "planning budget timeout_seconds=1e-09 ran out" in caplog.text and "best it had found by then" in caplog.text
+    for bad in (0, -1, "5", True):
+        with pytest.raises(ShardingError, match=rf"timeout_seconds={bad!r}: give a positive number of seconds"):
+            NeuroShardPlanner(topology(), timeout_seconds=bad)
+
+
+def test_a_plan_loader_plan_is_used_as_torchrecs_planner_uses_it() -> None:
+    """A plan TorchRec's planner made, stored with its context hash and loaded by a
+    PlanLoader: NeuroShardPlanner with the same context gives TorchRec's very plan, no
+    search; another context is TorchRec's PlannerError; a loader loading nothing: a search."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.stats import NoopEmbeddingStats
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.types import PlanLoader, PlannerError
+
+    class Stored(PlanLoader):
+        def __init__(self, options: list | None, context_hash: str | None) -> None:
+            self.options, self.context_hash = options, context_hash
+
+        def load(self) -> dict | None:
+            return None if self.options is None else {o.storage_hash(): o for o in self.options}
+
+        def plan_context_hash(self) -> str | None:
+            return self.context_hash
+
+        def get_plan_id(self) -> str:
+            return "stored"
+
+    theirs = EmbeddingShardingPlanner(
+        topology(), 64, storage_reservation=FixedPercentageStorageReservation(0.15), stats=NoopEmbeddingStats()
+    )
+    want = theirs.plan(two_tower(), SHARDERS)
+    stored = Stored(theirs._best_plan, theirs.hash_planner_context_inputs_str())
+    ours = NeuroShardPlanner(topology(), 64, storage_reservation=FixedPercentageStorageReservation(0.15), plan_loader=stored)
+    assert str(ours.plan(two_tower(), SHARDERS)) == str(want) and ours.search_result_ is None
+    other = NeuroShardPlanner(topology(), 32, storage_reservation=FixedPercentageStorageReservation(0.15), plan_loader=stored)
+    with pytest.raises(PlannerError, match="plan_loader's plan 'stored' was made for another planner context"):
+        other.plan(two_tower(), SHARDERS)
+    empty = NeuroShardPlanner(topology(), 64, plan_loader=Stored(None, None))
+    empty.plan(two_tower(), SHARDERS)
+    assert empty.search_result_ is not None
+    with pytest.raises(ShardingError, match="plan_loader=dict: give a TorchRec PlanLoader"):
+        NeuroShardPlanner(topology(), plan_loader={})

@@ -9,7 +9,6 @@ and NeuroShard's search. Its plans go straight into ``DistributedModelParallel``
 from __future__ import annotations
 
 import logging
-import pickle
 import time
 from pathlib import Path
 from dataclasses import replace
@@ -19,9 +18,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner.constants import BATCH_SIZE
-from torchrec.distributed.planner.planners import validate_modules_inclusion_in_sharding_plan
-from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-from torchrec.distributed.planner.types import ParameterConstraints, PlanDebugStats, StorageReservation, Topology
+from torchrec.distributed.planner.planners import to_sharding_plan, validate_modules_inclusion_in_sharding_plan
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    PlanLoader,
+    ShardingOption,
+    StorageReservation,
+    Topology,
+)
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 from torchrec_neuroshard.costmodel import (
@@ -32,20 +36,29 @@ from torchrec_neuroshard.costmodel import (
     kernel_size_warning,
 )
 from torchrec_neuroshard.estimators import global_batch
+from torchrec_neuroshard.planner_args import (
+    Callback,
+    apply_callbacks,
+    check_callbacks,
+    check_plan_loader,
+    check_timeout,
+    default_topology,
+    load_plan,
+    portable as _portable,
+    refuse_replaced,
+    reservation_of,
+)
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
-from torchrec_neuroshard.sharding import to_torchrec
-from torchrec_neuroshard.stats import format_plan_stats, stats_list, table_perfs, torchrec_sharding_options
+from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
+from torchrec_neuroshard.stats import format_plan_stats, log_stats, stats_list, table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
-from torchrec_neuroshard.tables import module_tables
+from torchrec_neuroshard.tables import ModuleTable, module_tables
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
 from torchrec_neuroshard.types import Links, Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
 
 logger = logging.getLogger(__name__)
 STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
 """Where TorchRec's planner logs its EmbeddingStats table: the plan table goes there too."""
-
-DEFAULT_STORAGE_RESERVATION = 0.15
-"""Share of each rank's memory kept free for activations and buffers (TorchRec's default)."""
 
 
 class NeuroShardPlanner(ShardingPlanner):
@@ -55,10 +68,14 @@ class NeuroShardPlanner(ShardingPlanner):
     has several) where the model prices them (``stepcost``: a collective it did not measure
     is priced from the topology's links).
 
+    Takes ``EmbeddingShardingPlanner``'s parameters in its order with its defaults, then
+    NeuroShard's own by keyword; each is checked when the planner is made.
+
     Args:
         topology: TorchRec ``Topology`` (world size, compute device, per-rank memory:
             hbm on cuda, ddr on cpu; ranks per host and the intra- and inter-host
-            bandwidths price the collectives' bytes over the links).
+            bandwidths price the collectives' bytes over the links). None: TorchRec's
+            default for this process (``planner_args.default_topology``).
         batch_size: the PER-RANK batch size, exactly as ``EmbeddingShardingPlanner``
             defines it (default TorchRec's, 512). A table-wise shard's kernel sees the
             global batch, ``batch_size x world_size``; the cost model's predictions scale
@@ -66,12 +83,30 @@ class NeuroShardPlanner(ShardingPlanner):
             to 4x the trained batch: the median error of that scaling stays within 7%, but
             single kernels deviate by 20-30% at 2x and up to 50% at 1/4x, so for accurate
             plans pre-train at your batch size.
-        constraints: TorchRec ``ParameterConstraints`` by table name. Honoured:
-            ``sharding_types`` (table_wise only = never split; data_parallel or row_wise
-            only = that sharding for the table, logged), ``min_partition`` (the
-            narrowest column shard), ``pooling_factors`` (summed over features).
-            Every planned table uses the fused kernel, the one the cost model was
-            trained on: constraints whose ``compute_kernels`` exclude "fused" are an error.
+        enumerator, proposer, partitioner, performance_model: refused (a ``ShardingError``):
+            NeuroShard's search and cost model replace them; to use NeuroShard's cost model
+            inside TorchRec's own planner see examples/estimator_in_torchrec.py.
+        storage_reservation: a TorchRec ``StorageReservation`` (e.g. its default planner's
+            ``HeuristicalStorageReservation(percentage=0.15)``), or a fraction of every rank's
+            memory kept free (default None: 0.15, ``FixedPercentageStorageReservation``).
+        stats: a TorchRec ``Stats`` (e.g. ``EmbeddingStats()``) or a list of them, as
+            ``EmbeddingShardingPlanner`` takes it; default none (NeuroShard's own table comes
+            with ``debug``). After each plan every one is called with TorchRec's arguments
+            and our plan as TorchRec ``ShardingOption``s (``stats.torchrec_sharding_options``:
+            our shards and ranks, TorchRec's storage estimate of them, each table's own
+            predicted perf, ``stats.table_perfs``; 0 when no table was searched).
+        constraints: TorchRec ``ParameterConstraints`` by table name; each field honoured
+            or refused by name when planning (``planner_args.CONSTRAINT_FIELDS``).
+        debug: log the plan table (per rank: memory, predicted perf and its parts,
+            shards) on TorchRec's planner-stats logger, where TorchRec's own planner logs
+            its table, so the same logging set-up shows both; off: logged at DEBUG.
+        callbacks: functions called as TorchRec calls them, ``options = callback(options)``
+            on the plan as TorchRec ``ShardingOption``s, before the ``ShardingPlan`` is built
+            from what the last one returns.
+        timeout_seconds: a planning budget (positive seconds): past it the search splits
+            no deeper and the plan is the best found by then, logged as such.
+        plan_loader: a TorchRec ``PlanLoader``; a plan it loads is used as TorchRec's planner
+            uses it (``planner_args.load_plan``: the context hash checked, no search).
         cost_model: a ``NeuralCostModel``, a path to a model file, or a shipped name;
             default the shipped model for the topology's compute device and this machine
             (``costmodel.cost_model_for``: a hardware mismatch is warned about, a GPU model
@@ -81,53 +116,61 @@ class NeuroShardPlanner(ShardingPlanner):
             table by its row blocks (``costmodel.feature_range_warning`` of
             ``stepcost.priced_tables``).
         search_config: the search's knobs (beam width, scales, ...).
-        storage_reservation: a TorchRec ``StorageReservation`` (e.g. its default planner's
-            ``HeuristicalStorageReservation(percentage=0.15)``), or a fraction of every rank's
-            memory kept free (default 0.15, ``FixedPercentageStorageReservation``).
-        debug: log the plan table (per rank: memory, predicted perf and its parts,
-            shards) on TorchRec's planner-stats logger, where TorchRec's own planner logs
-            its table, so the same logging set-up shows both; off: logged at DEBUG.
-        stats: a TorchRec ``Stats`` (e.g. ``EmbeddingStats()``) or a list of them, as
-            ``EmbeddingShardingPlanner`` takes it; default none (NeuroShard's own table comes
-            with ``debug``). After each plan every one is called with TorchRec's arguments
-            and our plan as TorchRec ``ShardingOption``s (``stats.torchrec_sharding_options``:
-            our shards and ranks, TorchRec's storage estimate of them, each table's own
-            predicted perf, ``stats.table_perfs``; 0 when no table was searched).
         access_hists: measured access histograms by table (``profile_batches``).
 
-    After ``plan``: ``plan_`` (our ``Plan``), ``task_`` (every table as a ``Task`` at the
-    global batch) and ``search_result_`` (None for both when no table was searched).
+    After ``plan``: ``plan_`` (our ``Plan``; a loaded plan's too where a ``Plan`` records
+    its kinds, else None), ``task_`` (every table as a ``Task`` at the global batch) and
+    ``search_result_`` (None for both when no table was searched or the plan was loaded).
     """
 
     def __init__(
         self,
-        topology: Topology,
+        topology: Topology | None = None,
         batch_size: int | None = None,
+        enumerator: object = None,
+        storage_reservation: StorageReservation | float | None = None,
+        proposer: object = None,
+        partitioner: object = None,
+        performance_model: object = None,
+        stats: object = None,
         constraints: Mapping[str, ParameterConstraints] | None = None,
+        debug: bool = True,
+        callbacks: list[Callback] | None = None,
+        timeout_seconds: float | None = None,
+        plan_loader: PlanLoader | None = None,
+        *,
         cost_model: NeuralCostModel | str | Path | None = None,
         search_config: SearchConfig = SearchConfig(),
-        storage_reservation: StorageReservation | float = DEFAULT_STORAGE_RESERVATION,
         access_hists: Mapping[str, tuple[float, ...]] | None = None,
-        debug: bool = True,
-        stats: object = None,
     ) -> None:
-        self.topology = topology
+        refuse_replaced(enumerator=enumerator, proposer=proposer, partitioner=partitioner, performance_model=performance_model)
+        self.topology = default_topology() if topology is None else topology
         self.batch_size = batch_size
-        self.constraints = constraints
-        self.cost_model = cost_model
-        self.search_config = search_config
         self.storage_reservation = storage_reservation
-        self.access_hists = access_hists
-        self.debug = debug
+        self._reserved_by = reservation_of(storage_reservation)
         self.stats = stats
         self._stats = stats_list(stats)
+        self.constraints = constraints
+        self.debug = debug
+        self.callbacks = check_callbacks(callbacks)
+        self.timeout_seconds = check_timeout(timeout_seconds)
+        self.plan_loader = check_plan_loader(plan_loader)
+        self.cost_model = cost_model
+        self.search_config = search_config
+        self.access_hists = access_hists
 
     # ------------------------------------------------------------------ public API
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """Plan every module of ``module`` that one of ``sharders`` shards (single process)."""
         start = time.perf_counter()
-        world = self.topology.world_size
+        self.search_result_ = self.task_ = None
+        if self.plan_loader is not None:
+            loaded = load_plan(
+                self.plan_loader, self.topology, self._per_rank_batch(), self._reserved_by, self.constraints, module, sharders
+            )
+            if loaded is not None:
+                return self._finish(module, sharders, None, loaded, start)
         tables = module_tables(
             module, self._global_batch(), self.constraints, self.access_hists, sharders, self.topology.compute_device
         )
@@ -135,30 +178,18 @@ class NeuroShardPlanner(ShardingPlanner):
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
         cap = self._memory_cap(module, sharders)
-        decided = triage(tables, world, self.topology.local_world_size, cap, self._global_batch())
+        decided = triage(tables, self.topology.world_size, self.topology.local_world_size, cap, self._global_batch())
         for name, why in decided.reasons:
             logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
-        self.search_result_ = self.task_ = None
         placements = decided.decided
         if decided.searched:
             modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
-            self.search_result_ = self._search(decided, sorted((t.spec for t in tables), key=lambda s: s.name), modules, cap)
+            self.search_result_ = self._search(decided, sorted((t.spec for t in tables), key=lambda s: s.name), modules, cap, start)
             placements = self.search_result_.plan.placements
-        self.plan_ = Plan(placements, world)
+        self.plan_ = Plan(placements, self.topology.world_size)
         if self.search_result_ is not None:
-            table = format_plan_stats(
-                self.plan_, [t.spec for t in tables], self.search_result_.devices, cap, self._global_batch(), dict(decided.reasons),
-                memory_kind="HBM" if self.topology.compute_device == "cuda" else "DDR",
-            )
-            searched = f"searched {self.search_result_.states_evaluated} split states in {self.search_result_.seconds:.2f} s"
-            for line in (table + "\n" + searched).splitlines():
-                STATS_LOGGER.log(logging.INFO if self.debug else logging.DEBUG, line)
-        sharding_plan = to_torchrec(self.plan_, tables, self.topology.compute_device, self.topology.local_world_size)
-        # TorchRec's own check: no module a sharder shards may be missing from the plan
-        validate_modules_inclusion_in_sharding_plan(sharding_plan, module, list(sharders))
-        if self._stats:
-            self._log_stats(module, sharders, sharding_plan, time.perf_counter() - start)
-        return sharding_plan
+            self._log_table(tables, decided, cap)
+        return self._finish(module, sharders, tables, None, start)
 
     def collective_plan(
         self,
@@ -196,34 +227,59 @@ class NeuroShardPlanner(ShardingPlanner):
 
     # ------------------------------------------------------------------ helpers
 
-    def _log_stats(
-        self, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]], sharding_plan: ShardingPlan, seconds: float
-    ) -> None:
-        """Call every TorchRec ``Stats`` as ``EmbeddingShardingPlanner`` does, with our plan."""
-        result = self.search_result_
-        batch = self._global_batch() // self.topology.world_size
-        perfs = table_perfs(self._model, self.task_, self.plan_) if self.task_ is not None else {}
-        options, enumerator = torchrec_sharding_options(
-            self.plan_, module, sharders, self.topology, batch, self.constraints, perfs
-        )
-        for stats in self._stats:
-            stats.log(
-                sharding_plan=sharding_plan,
-                topology=self.topology,
-                batch_size=batch,
-                storage_reservation=self._reserved_by,
-                num_proposals=result.states_evaluated if result is not None else 0,
-                num_plans=1,
-                run_time=seconds,
-                best_plan=options,
-                constraints=dict(self.constraints) if self.constraints else None,
-                enumerator=enumerator,
-                sharders=list(sharders),
-                debug=self.debug,
-                debug_stats=PlanDebugStats(planner_type=type(self).__name__, timeout_seconds=None),
+    def _finish(
+        self,
+        module: nn.Module,
+        sharders: Sequence[ModuleSharder[nn.Module]],
+        tables: Sequence[ModuleTable] | None,
+        options: list[ShardingOption] | None,
+        start: float,
+    ) -> ShardingPlan:
+        """The ``ShardingPlan`` of ``plan_`` (of ``tables``), or of loaded ``options``, as
+        TorchRec's planner ends: the callbacks on the plan's ``ShardingOption``s, the
+        plan built from what they return, every ``Stats`` called, TorchRec's check that no
+        module a sharder shards is missing."""
+        enumerator = None
+        if options is None and (self.callbacks or self._stats):
+            perfs = table_perfs(self._model, self.task_, self.plan_) if self.task_ is not None else {}
+            options, enumerator = torchrec_sharding_options(
+                self.plan_, module, sharders, self.topology, self._per_rank_batch(), self.constraints, perfs
             )
+        if options is not None and (self.callbacks or tables is None):
+            options = apply_callbacks(self.callbacks, options)
+            sharding_plan = to_sharding_plan(options, self.topology)
+            try:
+                self.plan_ = from_torchrec(sharding_plan, self.topology.world_size)
+            except ShardingError:
+                if tables is not None:  # a callback made a sharding we cannot record: say so
+                    raise
+                self.plan_ = None  # a loaded plan of kinds a Plan does not record (grid_shard)
+        else:
+            sharding_plan = to_torchrec(self.plan_, tables, self.topology.compute_device, self.topology.local_world_size)
+        if self._stats:
+            result = self.search_result_
+            log_stats(
+                self._stats, self, self._reserved_by, sharders, sharding_plan, options, enumerator,
+                result.states_evaluated if result is not None else 0, time.perf_counter() - start,
+            )  # fmt: skip
+        # TorchRec's own check: no module a sharder shards may be missing from the plan
+        validate_modules_inclusion_in_sharding_plan(sharding_plan, module, list(sharders))
+        return sharding_plan
 
-    def _search(self, decided: Triage, tables: Sequence[TableSpec], modules: tuple[tuple[str, ...], ...], cap: int) -> SearchResult:
+    def _log_table(self, tables: Sequence[ModuleTable], decided: Triage, cap: int) -> None:
+        """NeuroShard's per-rank plan table on TorchRec's planner-stats logger."""
+        result = self.search_result_
+        table = format_plan_stats(
+            self.plan_, [t.spec for t in tables], result.devices, cap, self._global_batch(), dict(decided.reasons),
+            memory_kind="HBM" if self.topology.compute_device == "cuda" else "DDR",
+        )  # fmt: skip
+        searched = f"searched {result.states_evaluated} split states in {result.seconds:.2f} s"
+        for line in (table + "\n" + searched).splitlines():
+            STATS_LOGGER.log(logging.INFO if self.debug else logging.DEBUG, line)
+
+    def _search(
+        self, decided: Triage, tables: Sequence[TableSpec], modules: tuple[tuple[str, ...], ...], cap: int, start: float
+    ) -> SearchResult:
         """Place the searched tables around the decided ones (all priced in the whole
         step on the topology's links, each sharded module paid at its slowest device); a
         table placed table-wise or column-wise whose constraints allow only
@@ -243,7 +299,16 @@ class NeuroShardPlanner(ShardingPlanner):
             for t in decided.searched
         }
         model = self._model = self._cost_model()
-        result = search(task, model, self.search_config, choices, decided.decided)
+        config = self.search_config
+        if self.timeout_seconds is not None:
+            config = replace(config, deadline=start + self.timeout_seconds)
+        result = search(task, model, config, choices, decided.decided)
+        took = time.perf_counter() - start
+        if self.timeout_seconds is not None and took >= self.timeout_seconds:
+            logger.warning(
+                "planning budget timeout_seconds=%g ran out (%.2f s): the search split no deeper, "
+                "and the plan is the best it had found by then", self.timeout_seconds, took,
+            )  # fmt: skip
         # every table the compute net priced (not those triage replicated), a row-wise one as its blocks
         replicated = {p.table for p in decided.decided if p.kind is ShardingKind.DATA_PARALLEL}
         outside = feature_range_warning(model, priced_tables([t for t in task.tables if t.name not in replicated], result.plan))
@@ -261,8 +326,11 @@ class NeuroShardPlanner(ShardingPlanner):
         )
         return replace(result, plan=Plan(placements, task.num_devices))
 
+    def _per_rank_batch(self) -> int:
+        return BATCH_SIZE if self.batch_size is None else self.batch_size
+
     def _global_batch(self) -> int:
-        return global_batch(BATCH_SIZE if self.batch_size is None else self.batch_size, self.topology.world_size)
+        return global_batch(self._per_rank_batch(), self.topology.world_size)
 
     def _cost_model(self) -> NeuralCostModel:
         model = cost_model_for(self.topology, self.cost_model)
@@ -276,37 +344,11 @@ class NeuroShardPlanner(ShardingPlanner):
             )
         return model
 
-    def _reservation(self) -> StorageReservation:
-        """``storage_reservation`` as a TorchRec ``StorageReservation``."""
-        reservation = self.storage_reservation
-        if isinstance(reservation, StorageReservation):
-            return reservation
-        if isinstance(reservation, bool) or not isinstance(reservation, (int, float)) or not 0 <= reservation < 1:
-            raise ShardingError(
-                f"storage_reservation={reservation!r}: give a fraction in [0, 1) or a TorchRec StorageReservation"
-            )
-        return FixedPercentageStorageReservation(float(reservation))
-
     def _memory_cap(self, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> int:
         """The smallest rank's memory (hbm on cuda, ddr on cpu) after the storage reservation."""
-        self._reserved_by = self._reservation()  # TorchRec's Stats read what it reserved
-        reserved = self._reserved_by.reserve(
-            self.topology, self._global_batch() // self.topology.world_size, module, list(sharders), self.constraints
-        )
+        reserved = self._reserved_by.reserve(self.topology, self._per_rank_batch(), module, list(sharders), self.constraints)
         field = "hbm" if self.topology.compute_device == "cuda" else "ddr"
         return int(min(getattr(d.storage, field) for d in reserved.devices))
-
-
-def _portable(error: Exception) -> Exception:
-    """``error`` if it survives pickling as the same type and message (what the broadcast
-    sends), else a ``RuntimeError`` naming its type and message."""
-    try:
-        copy = pickle.loads(pickle.dumps(error))
-        if type(copy) is type(error) and str(copy) == str(error):
-            return error
-    except Exception:  # noqa: BLE001 - an exception that does not pickle
-        pass
-    return RuntimeError(f"{type(error).__module__}.{type(error).__qualname__} on rank 0 while planning: {error}")
 
 
 def _broadcast_device(pg: dist.ProcessGroup) -> torch.device:

@@ -95,6 +95,9 @@ class SearchConfig:
     """How many of the costliest row-wise candidates to try splitting by rows."""
     kind_scales: tuple[float, ...] = (1.05, 1.25, math.inf)
     """The max-dimension scales of the quick greedy placement that prices each kind choice."""
+    deadline: float | None = None
+    """A ``time.perf_counter()`` reading past which the beam search splits no deeper and
+    keeps the best plan it has (the planner's ``timeout_seconds``); None: no limit."""
 
 
 @dataclass(frozen=True)
@@ -890,6 +893,8 @@ def _place(
     seen = {root}
     evaluated = 1
     for _ in range(config.max_steps):
+        if config.deadline is not None and time.perf_counter() >= config.deadline:
+            break
         children = [c for st in beam for c in _split_children(st, keys, config.top_k, min_w) if c not in seen]
         children = list(dict.fromkeys(children))
         if not children:

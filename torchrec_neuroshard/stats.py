@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from torch import nn
+from torchrec.distributed.planner.constants import BATCH_SIZE
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Stats, Topology
@@ -143,3 +144,39 @@ def stats_list(stats: object) -> list[Stats]:
             f"torchrec.distributed.planner.stats.EmbeddingStats()) or a list of them; got {type(bad[0]).__name__}"
         )
     return items
+
+
+def log_stats(
+    stats: Sequence[Stats],
+    planner: object,
+    reservation: object,
+    sharders: Sequence[ModuleSharder[nn.Module]],
+    sharding_plan: object,
+    options: list[ShardingOption],
+    enumerator: EmbeddingEnumerator | None,
+    num_proposals: int,
+    seconds: float,
+) -> None:
+    """Call every TorchRec ``Stats`` as ``EmbeddingShardingPlanner`` does, with the
+    ``NeuroShardPlanner`` ``planner``'s plan as ``options``, the ``StorageReservation`` it
+    reserved with, and ``enumerator`` (default: TorchRec's default one)."""
+    from torchrec.distributed.planner.types import PlanDebugStats
+
+    batch = planner.batch_size or BATCH_SIZE
+    cons = dict(planner.constraints) if planner.constraints else None
+    for s in stats:
+        s.log(
+            sharding_plan=sharding_plan,
+            topology=planner.topology,
+            batch_size=batch,
+            storage_reservation=reservation,
+            num_proposals=num_proposals,
+            num_plans=1,
+            run_time=seconds,
+            best_plan=options,
+            constraints=cons,
+            enumerator=enumerator or EmbeddingEnumerator(planner.topology, batch, cons),
+            sharders=list(sharders),
+            debug=planner.debug,
+            debug_stats=PlanDebugStats(planner_type=type(planner).__name__, timeout_seconds=planner.timeout_seconds),
+        )

@@ -1,0 +1,180 @@
+"""``EmbeddingShardingPlanner``'s arguments, as ``NeuroShardPlanner`` takes them: each one
+checked when the planner is made, honoured, or refused with why and what to do instead."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import pickle
+from typing import Callable, Mapping, Sequence
+
+from torch import nn
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    PlanLoader,
+    ShardingOption,
+    StorageReservation,
+    Topology,
+)
+from torchrec.distributed.types import ModuleSharder
+
+from torchrec_neuroshard.types import ShardingError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STORAGE_RESERVATION = 0.15
+"""Share of each rank's memory kept free for activations and buffers (TorchRec's default share)."""
+
+Callback = Callable[[list[ShardingOption]], list[ShardingOption]]
+
+REPLACED = {
+    "enumerator": "its search enumerates every sharding its sharders and constraints allow",
+    "proposer": "its search proposes the plans",
+    "partitioner": "its search places the shards",
+    "performance_model": "its cost model prices the plans",
+}
+"""TorchRec planner components NeuroShard's own replace, and what replaces each."""
+
+
+def refuse_replaced(**given: object) -> None:
+    """A ``ShardingError`` naming the first of TorchRec's planner components given."""
+    for name, value in given.items():
+        if value is not None:
+            hint = ""
+            if name == "enumerator" and isinstance(value, Mapping):
+                hint = " (a dict: constraints are TorchRec's 9th parameter, after performance_model; pass constraints=...)"
+            raise ShardingError(
+                f"{name}={type(value).__name__}{hint}: NeuroShardPlanner takes no {name}, {REPLACED[name]}; "
+                "leave it None, or to use NeuroShard's cost model inside TorchRec's own planner "
+                "see examples/estimator_in_torchrec.py"
+            )
+
+
+def default_topology() -> Topology:
+    """TorchRec's default topology for this process, as ``EmbeddingPlannerBase`` builds it."""
+    import torch.distributed as dist
+    from torchrec.distributed.comm import get_local_size, get_topology_domain_multiple
+    from torchrec.distributed.utils import get_device_type
+
+    if not dist.is_initialized():
+        raise ShardingError(
+            "topology=None builds TorchRec's default topology from the process group, and none is "
+            "initialised: call torch.distributed.init_process_group first, or pass a Topology"
+        )
+    return Topology(
+        local_world_size=get_local_size(),
+        world_size=dist.get_world_size(),
+        compute_device=get_device_type(),
+        pod_size=get_topology_domain_multiple(),
+    )
+
+
+def reservation_of(reservation: StorageReservation | float | None) -> StorageReservation:
+    """``storage_reservation`` as a TorchRec ``StorageReservation``: None is a fixed 15%."""
+    if reservation is None:
+        reservation = DEFAULT_STORAGE_RESERVATION
+    if isinstance(reservation, StorageReservation):
+        return reservation
+    if isinstance(reservation, bool) or not isinstance(reservation, (int, float)) or not 0 <= reservation < 1:
+        raise ShardingError(f"storage_reservation={reservation!r}: give a fraction in [0, 1) or a TorchRec StorageReservation")
+    return FixedPercentageStorageReservation(float(reservation))
+
+
+def check_timeout(timeout_seconds: object) -> float | None:
+    """``timeout_seconds``: None, or a positive number of seconds."""
+    if timeout_seconds is None:
+        return None
+    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)) or not timeout_seconds > 0:
+        raise ShardingError(f"timeout_seconds={timeout_seconds!r}: give a positive number of seconds, or None for no limit")
+    return float(timeout_seconds)
+
+
+def check_callbacks(callbacks: object) -> list[Callback]:
+    """``callbacks`` as TorchRec takes them: None or a list of callables."""
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, (list, tuple)) or not all(callable(c) for c in callbacks):
+        raise ShardingError(
+            f"callbacks={callbacks!r}: give a list of callables, each taking and returning the plan's "
+            "list of TorchRec ShardingOptions"
+        )
+    return list(callbacks)
+
+
+def check_plan_loader(plan_loader: object) -> PlanLoader | None:
+    if plan_loader is not None and not isinstance(plan_loader, PlanLoader):
+        raise ShardingError(
+            f"plan_loader={type(plan_loader).__name__}: give a TorchRec PlanLoader "
+            "(torchrec.distributed.planner.types.PlanLoader) or None"
+        )
+    return plan_loader
+
+
+def apply_callbacks(callbacks: Sequence[Callback], options: list[ShardingOption]) -> list[ShardingOption]:
+    """``options = callback(options)`` for each callback in turn, as TorchRec's planner calls them."""
+    for callback in callbacks:
+        options = callback(options)
+        if not isinstance(options, list) or not all(isinstance(o, ShardingOption) for o in options):
+            raise ShardingError(
+                f"callback {getattr(callback, '__name__', callback)!r} returned {type(options).__name__}; "
+                "a callback returns the list of ShardingOptions it was given, changed or not"
+            )
+    return options
+
+
+def load_plan(
+    loader: PlanLoader,
+    topology: Topology,
+    batch_size: int,
+    reservation: StorageReservation,
+    constraints: Mapping[str, ParameterConstraints] | None,
+    module: nn.Module,
+    sharders: Sequence[ModuleSharder[nn.Module]],
+) -> list[ShardingOption] | None:
+    """The plan ``loader`` loads, as ``EmbeddingShardingPlanner.plan`` loads it: the planner
+    context (topology, per-rank ``batch_size``, TorchRec's default enumerator's search space,
+    the storage reservation, constraints) hashed and checked against the loaded plan's
+    (a ``PlannerError`` when they differ), then the loaded shards merged into that search
+    space. None when the loader loads nothing."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.planners import extract_plan
+    from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, hash_planner_context_inputs_str
+
+    cons = dict(constraints) if constraints else None
+    reservation.reserve(topology=topology, batch_size=batch_size, module=module, sharders=list(sharders), constraints=cons)
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=cons)
+    search_space = enumerator.enumerate(module=module, sharders=list(sharders))
+    current = hash_planner_context_inputs_str(topology, batch_size, enumerator, reservation, cons)
+    loaded_hash = loader.plan_context_hash()
+    if loaded_hash is not None and loaded_hash != current:
+        raise PlannerError(
+            error_type=PlannerErrorType.PLANNER_INPUT_CONTEXT_MISMATCH,
+            message=f"plan_loader's plan {_plan_id(loader)!r} was made for another planner context "
+            f"(hash {loaded_hash}, this planner's {current}): topology, batch size, tables, storage "
+            "reservation or constraints differ; plan anew (plan_loader=None) or load a plan made for these",
+        )
+    loaded = loader.load()
+    if loaded is None:
+        return None
+    options = extract_plan(search_space=search_space, loaded_sharding_options=loaded)
+    logger.info("plan loaded by plan_loader (plan id %r): no new plan searched", _plan_id(loader))
+    return copy.deepcopy(options) if options else None
+
+
+def portable(error: Exception) -> Exception:
+    """``error`` if it survives pickling as the same type and message (what the broadcast
+    sends), else a ``RuntimeError`` naming its type and message."""
+    try:
+        copy = pickle.loads(pickle.dumps(error))
+        if type(copy) is type(error) and str(copy) == str(error):
+            return error
+    except Exception:  # noqa: BLE001 - an exception that does not pickle
+        pass
+    return RuntimeError(f"{type(error).__module__}.{type(error).__qualname__} on rank 0 while planning: {error}")
+
+
+def _plan_id(loader: PlanLoader) -> object:
+    """The loader's plan id, which TorchRec's planner logs (its PlanLoader need not define one)."""
+    get = getattr(loader, "get_plan_id", None)
+    return get() if callable(get) else None
