@@ -222,3 +222,52 @@ def test_a_plan_loader_plan_is_used_as_torchrecs_planner_uses_it() -> None:
     assert empty.search_result_ is not None
     with pytest.raises(ShardingError, match="plan_loader=dict: give a TorchRec PlanLoader"):
         NeuroShardPlanner(topology(), plan_loader={})
+
+
+def test_every_parameter_constraints_field_is_honoured_or_refused_by_name() -> None:
+    import dataclasses
+
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+    from torchrec.distributed.types import CacheParams, KeyValueParams
+    from torchrec.modules.embedding_configs import DataType
+
+    from torchrec_neuroshard.planner_args import CONSTRAINT_FIELDS
+
+    assert [f.name for f in dataclasses.fields(ParameterConstraints)] == list(CONSTRAINT_FIELDS)
+
+    def planned(**fields) -> NeuroShardPlanner:
+        planner = NeuroShardPlanner(topology(), 64, constraints={"a0": ParameterConstraints(**fields)})
+        planner.sharding_plan_ = planner.plan(two_tower(), SHARDERS)
+        return planner
+
+    def pooling(planner: NeuroShardPlanner) -> float:
+        return next(t.pooling_factor for t in planner.task_.tables if t.name == "a0")
+
+    # num_poolings and batch_sizes: the lookups the table brings, so its predicted cost
+    base = planned(pooling_factors=[2.0])
+    pooled = planned(pooling_factors=[2.0], num_poolings=[3.0])
+    batched = planned(pooling_factors=[2.0], batch_sizes=[128])
+    assert (pooling(base), pooling(pooled), pooling(batched)) == (2.0, 6.0, 4.0)
+    assert pooled.search_result_.predicted_cost_ms > base.search_result_.predicted_cost_ms
+    assert batched.search_result_.predicted_cost_ms > base.search_result_.predicted_cost_ms
+    # the kernel settings TorchRec's planner passes on reach the table's ParameterSharding
+    kernel = dict(enforce_hbm=True, stochastic_rounding=False, bounds_check_mode=BoundsCheckMode.WARNING, output_dtype=DataType.FP32)
+    ps = planned(**kernel, feature_names=["f_a0"], device_group="cpu").sharding_plan_.plan["user.ebc"]["a0"]
+    assert {f: getattr(ps, f) for f in kernel} == kernel
+    # refused, naming the table, the field and what to do: when the planner is made ...
+    for field, value, why in [
+        ("is_weighted", True, "unweighted kernels .* drop it"),
+        ("cache_params", CacheParams(load_factor=0.2), "caches nothing; drop it"),
+        ("key_value_params", KeyValueParams(), "not SSD or key-value ones; drop it"),
+        ("use_virtual_table", True, "key-value kernel.* drop it"),
+        ("device_group", "cuda", "compute device is 'cpu'; .* drop it"),
+        ("num_poolings", [1.0, 2.0], "has 2 values and pooling_factors 1; give one per feature"),
+        ("batch_sizes", [64, 64], "has 2 values and pooling_factors 1; give one per feature"),
+    ]:
+        with pytest.raises(ShardingError, match=rf"table 'a0': constraint {field}.*{why}"):
+            NeuroShardPlanner(topology(), constraints={"a0": ParameterConstraints(**{field: value})})
+    # ... or, where the table tells, when planning
+    with pytest.raises(ShardingError, match=r"table 'a0': constraint feature_names=\['other'\], but the table's features are \['f_a0'\]"):
+        planned(feature_names=["other"])
+    with pytest.raises(ShardingError, match=r"table 'a0': constraint output_dtype=FP16, but its weights take 4 bytes.* drop it"):
+        planned(output_dtype=DataType.FP16)

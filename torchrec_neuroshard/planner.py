@@ -40,10 +40,13 @@ from torchrec_neuroshard.planner_args import (
     Callback,
     apply_callbacks,
     check_callbacks,
+    check_constraints,
     check_plan_loader,
+    check_table_constraints,
     check_timeout,
     default_topology,
     load_plan,
+    lookups_per_sample,
     portable as _portable,
     refuse_replaced,
     reservation_of,
@@ -96,7 +99,8 @@ class NeuroShardPlanner(ShardingPlanner):
             our shards and ranks, TorchRec's storage estimate of them, each table's own
             predicted perf, ``stats.table_perfs``; 0 when no table was searched).
         constraints: TorchRec ``ParameterConstraints`` by table name; each field honoured
-            or refused by name when planning (``planner_args.CONSTRAINT_FIELDS``).
+            or refused by name (``planner_args.CONSTRAINT_FIELDS``): those that need no
+            table checked here, the rest when planning.
         debug: log the plan table (per rank: memory, predicted perf and its parts,
             shards) on TorchRec's planner-stats logger, where TorchRec's own planner logs
             its table, so the same logging set-up shows both; off: logged at DEBUG.
@@ -150,6 +154,7 @@ class NeuroShardPlanner(ShardingPlanner):
         self._reserved_by = reservation_of(storage_reservation)
         self.stats = stats
         self._stats = stats_list(stats)
+        check_constraints(constraints, self.topology.compute_device)
         self.constraints = constraints
         self.debug = debug
         self.callbacks = check_callbacks(callbacks)
@@ -172,8 +177,10 @@ class NeuroShardPlanner(ShardingPlanner):
             if loaded is not None:
                 return self._finish(module, sharders, None, loaded, start)
         tables = module_tables(
-            module, self._global_batch(), self.constraints, self.access_hists, sharders, self.topology.compute_device
-        )
+            module, self._global_batch(), lookups_per_sample(self.constraints, self._per_rank_batch()),
+            self.access_hists, sharders, self.topology.compute_device,
+        )  # fmt: skip
+        check_table_constraints(tables, self.constraints)
         if not tables:
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
@@ -255,7 +262,8 @@ class NeuroShardPlanner(ShardingPlanner):
                     raise
                 self.plan_ = None  # a loaded plan of kinds a Plan does not record (grid_shard)
         else:
-            sharding_plan = to_torchrec(self.plan_, tables, self.topology.compute_device, self.topology.local_world_size)
+            topo = self.topology
+            sharding_plan = to_torchrec(self.plan_, tables, topo.compute_device, topo.local_world_size, self.constraints)
         if self._stats:
             result = self.search_result_
             log_stats(

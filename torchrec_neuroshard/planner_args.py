@@ -19,6 +19,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder
 
+from torchrec_neuroshard.tables import ModuleTable
 from torchrec_neuroshard.types import ShardingError
 
 logger = logging.getLogger(__name__)
@@ -178,3 +179,97 @@ def _plan_id(loader: PlanLoader) -> object:
     """The loader's plan id, which TorchRec's planner logs (its PlanLoader need not define one)."""
     get = getattr(loader, "get_plan_id", None)
     return get() if callable(get) else None
+
+
+CONSTRAINT_FIELDS = {
+    "sharding_types": "honoured: the kinds the table may take (tables.module_tables)",
+    "compute_kernels": "honoured: must allow 'fused', the kernel planned and priced",
+    "min_partition": "honoured: the narrowest column shard",
+    "pooling_factors": "honoured: lookups per sample, summed over the table's features",
+    "num_poolings": "honoured: multiplies each feature's pooling factor, as TorchRec's estimators do",
+    "batch_sizes": "honoured: each feature's lookups scaled by its batch over the planner's batch_size",
+    "is_weighted": "refused when True: the cost model prices unweighted kernels",
+    "cache_params": "refused when set: the fused kernel caches nothing",
+    "enforce_hbm": "honoured: passed to the table's ParameterSharding, as TorchRec's planner does",
+    "stochastic_rounding": "honoured: passed to the table's ParameterSharding",
+    "bounds_check_mode": "honoured: passed to the table's ParameterSharding",
+    "feature_names": "honoured: checked against the table's features; refused when they differ",
+    "output_dtype": "honoured when the weights' dtype (passed to the ParameterSharding); refused otherwise",
+    "device_group": "honoured when the topology's compute device; refused otherwise",
+    "key_value_params": "refused when set: SSD / key-value kernels are not planned",
+    "use_virtual_table": "refused when True: virtual tables need key-value kernels",
+}
+"""What ``NeuroShardPlanner`` does with each field of TorchRec's ``ParameterConstraints``."""
+
+_REFUSED_WHEN_SET = {
+    "is_weighted": "the cost model was trained on unweighted kernels and cannot price per-id weights; "
+    "drop it (the table is then priced unweighted)",
+    "cache_params": "NeuroShardPlanner plans the fused kernel, which keeps every row in memory and caches nothing; drop it",
+    "key_value_params": "NeuroShardPlanner plans the fused kernel, not SSD or key-value ones; drop it",
+    "use_virtual_table": "a virtual table needs a key-value kernel, which NeuroShardPlanner does not plan; drop it",
+}
+
+
+def check_constraints(constraints: Mapping[str, ParameterConstraints] | None, compute_device: str) -> None:
+    """Refuse, naming the table and the field, every constraint field set to something
+    NeuroShardPlanner cannot honour that needs no table to tell (``CONSTRAINT_FIELDS``)."""
+    for name, c in (constraints or {}).items():
+        for field, why in _REFUSED_WHEN_SET.items():
+            if getattr(c, field):
+                raise ShardingError(
+                    f"table {name!r}: constraint {field}={getattr(c, field)!r}: {why}, "
+                    "or plan this table with TorchRec's planner"
+                )
+        if c.device_group is not None and c.device_group != compute_device:
+            raise ShardingError(
+                f"table {name!r}: constraint device_group={c.device_group!r}, but the topology's compute device is "
+                f"{compute_device!r}; NeuroShardPlanner plans one device group: drop it, or plan that group apart"
+            )
+        for field in ("num_poolings", "batch_sizes"):
+            values = getattr(c, field)
+            if values is not None and len(values) != len(c.pooling_factors):
+                raise ShardingError(
+                    f"table {name!r}: constraint {field} has {len(values)} values and pooling_factors "
+                    f"{len(c.pooling_factors)}; give one per feature in each, as TorchRec needs"
+                )
+
+
+def lookups_per_sample(
+    constraints: Mapping[str, ParameterConstraints] | None, batch_size: int
+) -> dict[str, ParameterConstraints] | None:
+    """``constraints`` with each table's ``num_poolings`` and ``batch_sizes`` folded into its
+    ``pooling_factors`` (feature i: pf_i x num_poolings_i x batch_sizes_i / ``batch_size``,
+    the per-rank batch): the lookups per sample the cost model prices."""
+    from dataclasses import replace
+
+    if not constraints:
+        return None
+    folded = {}
+    for name, c in constraints.items():
+        n = len(c.pooling_factors)
+        poolings, batches = c.num_poolings or [1.0] * n, c.batch_sizes or [batch_size] * n
+        pfs = [pf * p * b / batch_size for pf, p, b in zip(c.pooling_factors, poolings, batches)]
+        folded[name] = replace(c, pooling_factors=pfs, num_poolings=None, batch_sizes=None)
+    return folded
+
+
+def check_table_constraints(tables: Sequence[ModuleTable], constraints: Mapping[str, ParameterConstraints] | None) -> None:
+    """Refuse ``feature_names`` and ``output_dtype`` constraints that contradict their table."""
+    from torchrec_neuroshard.tables import SUPPORTED_DTYPES
+
+    for t in tables:
+        c = (constraints or {}).get(t.spec.name)
+        if c is None:
+            continue
+        if c.feature_names is not None and sorted(c.feature_names) != sorted(t.spec.feature_names):
+            raise ShardingError(
+                f"table {t.spec.name!r}: constraint feature_names={list(c.feature_names)}, but the table's "
+                f"features are {list(t.spec.feature_names)}; give its own, or drop it"
+            )
+        dtype = getattr(c.output_dtype, "name", c.output_dtype)
+        if c.output_dtype is not None and SUPPORTED_DTYPES.get(str(dtype)) != t.spec.bytes_per_element:
+            raise ShardingError(
+                f"table {t.spec.name!r}: constraint output_dtype={dtype}, but its weights take "
+                f"{t.spec.bytes_per_element} bytes: the cost model prices the pooled output at the weights' "
+                "dtype; drop it, or set the weights' dtype"
+            )

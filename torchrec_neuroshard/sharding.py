@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import replace
+from typing import Mapping, Sequence
 
 from torch import nn
+from torchrec.distributed.planner.types import ParameterConstraints
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
@@ -15,6 +17,9 @@ FUSED = "fused"
 """The kernel every sharded table uses: FBGEMM's fused TBE, the one the cost model learned."""
 DENSE = "dense"
 """The kernel DMP gives data-parallel tables."""
+KERNEL_FIELDS = ("enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
+"""The ``ParameterConstraints`` fields TorchRec's planner copies into a ``ParameterSharding``
+(of the others it copies, cache_params and key_value_params are refused by the planner)."""
 
 
 def _placement(device_type: str, rank: int, local_size: int) -> str:
@@ -28,6 +33,7 @@ def to_torchrec(
     module: nn.Module | Sequence[ModuleTable],
     device_type: str = "cpu",
     local_size: int | None = None,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
 ) -> ShardingPlan:
     """TorchRec ``ShardingPlan`` for every EmbeddingBagCollection in ``module``: the only
     place that builds TorchRec sharding objects.
@@ -43,6 +49,9 @@ def to_torchrec(
         device_type: "cpu" (gloo) or "cuda" (NCCL).
         local_size: ranks per host (cuda device indices, the host of table_row_wise and
             table_column_wise); default all ranks on one host.
+        constraints: TorchRec ``ParameterConstraints`` by table: their kernel settings
+            (``KERNEL_FIELDS``) go into the table's ``ParameterSharding``, as TorchRec's
+            planner passes them.
     """
     local_size = local_size or plan.num_devices
     shapes = module_shapes(module) if isinstance(module, nn.Module) else [t.shape for t in module]
@@ -63,7 +72,9 @@ def to_torchrec(
                 f"table {name!r} (module {t.path!r}) is a sequence (EmbeddingCollection) table cut into unequal "
                 f"column shards {list(p.widths)}; TorchRec's sequence all-to-all needs equal widths: cut it evenly"
             )
-        module_plan[name] = _parameter_sharding(p, t.rows, t.dim, device_type, local_size, plan.num_devices)
+        sharding = _parameter_sharding(p, t.rows, t.dim, device_type, local_size, plan.num_devices)
+        c = (constraints or {}).get(name)
+        module_plan[name] = replace(sharding, **{f: getattr(c, f) for f in KERNEL_FIELDS}) if c is not None else sharding
     extra = sorted(set(placements) - seen)
     if extra:
         raise ShardingError(f"the plan names tables the module does not have: {extra}")
