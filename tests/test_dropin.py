@@ -27,10 +27,12 @@ def test_embedding_stats_of_a_plan_with_a_replicated_table_show_each_tables_own_
     """A data-parallel table carries every rank (as TorchRec's plans do), so TorchRec's
     EmbeddingStats (``assert shard.ranks``) logs the plan; each table's Perf there is the
     sum over its shards of its own predicted cost, not a share of its rank's."""
-    replicated = {"a1": ParameterConstraints(sharding_types=["data_parallel"])}
-    planner = NeuroShardPlanner(topology(), 64, stats=EmbeddingStats(), constraints=replicated)
+    from tests.models import row_wise_cpu_sharder
+
+    kinds = {"a1": ParameterConstraints(sharding_types=["data_parallel"]), "b0": ParameterConstraints(sharding_types=["row_wise"])}
+    planner = NeuroShardPlanner(topology(), 64, stats=EmbeddingStats(), constraints=kinds)
     with caplog.at_level(logging.INFO, logger=STATS):
-        plan = planner.plan(two_tower(), SHARDERS)
+        plan = planner.plan(two_tower(), [row_wise_cpu_sharder()])
     dp = plan.plan["user.ebc"]["a1"]
     assert dp.sharding_type == "data_parallel" and dp.ranks == [0, 1]
     assert "--- Planner Statistics ---" in caplog.text

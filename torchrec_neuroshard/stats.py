@@ -98,11 +98,9 @@ def torchrec_sharding_options(
     missing = sorted(set(kinds) - set(chosen))
     if missing:
         raise ShardingError(f"TorchRec's enumerator offers no option for the planned sharding of tables {missing}")
-    zero = Perf(0.0, 0.0, 0.0, 0.0)
-
     def perf(table: str, d: int) -> Perf:
-        c = perfs.get(table)
-        return Perf(c[d].fwd_compute, c[d].fwd_comm, c[d].bwd_compute, c[d].bwd_comm) if c else zero
+        c = perfs[table][d] if table in perfs else DeviceCost(0.0, 0.0, 0.0, 0.0)
+        return Perf(c.fwd_compute, c.fwd_comm, c.bwd_compute, c.bwd_comm)
 
     for p in plan.placements:
         option = chosen[p.table]
@@ -110,14 +108,12 @@ def torchrec_sharding_options(
         if p.kind is ShardingKind.DATA_PARALLEL:
             option.shards = [TorchRecShard([rows, dim], [0, 0], perf=perf(p.table, r), rank=r) for r in range(plan.num_devices)]
             continue
-        shards = []
-        for i, d in enumerate(p.devices):
-            if p.kind.splits_columns:
-                size, offset = [rows, p.widths[i]], [0, sum(p.widths[:i])]
-            else:
-                size, offset = [p.rows[i], dim], [sum(p.rows[:i]), 0]
-            shards.append(TorchRecShard(size, offset, perf=perf(p.table, d), rank=d))
-        option.shards = shards
+        boxes = (
+            [([rows, w], [0, sum(p.widths[:i])]) for i, w in enumerate(p.widths)]
+            if p.kind.splits_columns
+            else [([r, dim], [sum(p.rows[:i]), 0]) for i, r in enumerate(p.rows)]
+        )
+        option.shards = [TorchRecShard(size, offset, perf=perf(p.table, d), rank=d) for (size, offset), d in zip(boxes, p.devices)]
     options = [chosen[p.table] for p in plan.placements]
     sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
     EmbeddingStorageEstimator(topology, cons).estimate(options, sharder_data)
