@@ -7,7 +7,7 @@ import pytest
 import torchrec.distributed.planner as torchrec_planner
 from torchrec.distributed.planner.types import PlannerError
 
-from torchrec_neuroshard.lab.torchrec_baseline import per_rank_batch, torchrec_plan
+from torchrec_neuroshard.lab.torchrec_baseline import per_rank_batch, run_torchrec, torchrec_plan
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.sharding import from_torchrec
 from torchrec_neuroshard.types import ShardingError
@@ -58,3 +58,25 @@ def test_a_batch_that_does_not_split_over_the_ranks_is_named() -> None:
     task = dataclasses.replace(generate_task(synthetic_pool(), 4, 2, SMALL, seed=3), num_devices=3)
     with pytest.raises(ShardingError, match="does not split evenly over 3 ranks"):
         per_rank_batch(task)
+
+
+def test_a_torchrec_run_reports_its_plan_kinds_and_memory_and_its_failures_as_results() -> None:
+    task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=3)
+    run = run_torchrec(task, "cpu", timeout_seconds=600)
+    assert run.status == "ok" and run.plan is not None and run.proposals > 0
+    assert sum(run.kinds.values()) == sum(run.kernels.values()) == len(task.tables)
+    assert 0 < run.peak_ddr_bytes <= task.memory_cap_bytes  # a CPU topology's memory is DDR
+    # the dynamic-programming proposer bins HBM, which a CPU topology has none of
+    failed = run_torchrec(task, "cpu", timeout_seconds=600, proposer="dynamic_programming")
+    assert failed.plan is None and failed.status.startswith("failed: ZeroDivisionError")
+    with pytest.raises(ValueError, match="proposer 'beam'"):
+        run_torchrec(task, "cpu", timeout_seconds=None, proposer="beam")
+
+
+def test_torchrecs_own_timeout_returns_its_best_plan_so_far_and_says_so(planner_calls) -> None:
+    task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=3)
+    run = run_torchrec(task, "cpu", timeout_seconds=1)
+    assert planner_calls[0]["timeout_seconds"] == 1
+    # TorchRec checks its budget before each proposal: a tiny task may finish inside it
+    assert run.status == "ok" or run.status.startswith("timed out: best of")
+    assert run.plan is not None

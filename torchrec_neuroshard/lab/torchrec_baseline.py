@@ -15,6 +15,7 @@ Configured as TorchRec documents it:
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from torchrec_neuroshard.types import ShardingError, Task
@@ -47,6 +48,17 @@ def per_rank_batch(task: Task) -> int:
     return task.batch_size // task.num_devices
 
 
+PROPOSERS = ("default", "dynamic_programming")
+"""TorchRec's proposer configurations: its four default proposers (grid search, two
+greedy, uniform), or ``DynamicProgrammingProposer`` alone (pytorch/torchrec PR 2286, the
+fix its users adopted for 500+ tables; it bins HBM, so a CPU topology divides by zero)."""
+
+
+def _check_proposer(proposer: str) -> None:
+    if proposer not in PROPOSERS:
+        raise ValueError(f"proposer {proposer!r}: choose one of {PROPOSERS}")
+
+
 def torchrec_plan(
     task: Task,
     device_type: str = "cpu",
@@ -54,6 +66,8 @@ def torchrec_plan(
     module: nn.Module | None = None,
     default_memory: bool = False,
     local_world_size: int | None = None,
+    timeout_seconds: int | None = None,
+    proposer: str = "default",
 ) -> ShardingPlan:
     """TorchRec's ``EmbeddingShardingPlanner`` on the task: its analytic perf estimator, or
     with ``neural`` (a NeuralCostModel) our ``NeuralPerfEstimator`` and ``NeuralPerfModel``
@@ -65,18 +79,40 @@ def torchrec_plan(
             EmbeddingBagCollection of the task's tables on the meta device.
         default_memory: plan at the topology's default memory instead of the task's cap.
         local_world_size: ranks per host (default all on one host).
+        timeout_seconds, proposer: TorchRec's own planning budget and proposers (see
+            ``torchrec_planner``).
 
     Returns a TorchRec ShardingPlan keyed by ``module``'s EBC paths. Raises TorchRec's
     ``PlannerError`` when it finds no plan.
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
-    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 
     from torchrec_neuroshard.tables import module_for_tables
 
+    planner = torchrec_planner(task, device_type, neural, default_memory, local_world_size, timeout_seconds, proposer)
+    return planner.plan(module if module is not None else module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])
+
+
+def torchrec_planner(
+    task: Task,
+    device_type: str = "cpu",
+    neural: object | None = None,
+    default_memory: bool = False,
+    local_world_size: int | None = None,
+    timeout_seconds: int | None = None,
+    proposer: str = "default",
+):
+    """The ``EmbeddingShardingPlanner`` that ``torchrec_plan`` runs (arguments as there).
+
+    ``timeout_seconds`` is TorchRec's own budget: past it the proposal loop stops and the
+    best plan found so far is returned. ``proposer`` is one of ``PROPOSERS``."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+
+    _check_proposer(proposer)
     batch = per_rank_batch(task)
     topology = topology_for(task, device_type, local_world_size, with_memory=not default_memory)
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
@@ -95,12 +131,85 @@ def torchrec_plan(
             ],
         )
         performance_model = NeuralPerfModel(topology, neural, batch, hists)
-    planner = EmbeddingShardingPlanner(
+    return EmbeddingShardingPlanner(
         topology=topology,
         batch_size=batch,
         constraints=constraints,
         enumerator=enumerator,
+        proposer=[DynamicProgrammingProposer()] if proposer == "dynamic_programming" else None,
         performance_model=performance_model,
         storage_reservation=FixedPercentageStorageReservation(0.0),
+        timeout_seconds=timeout_seconds,
     )
-    return planner.plan(module if module is not None else module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])
+
+
+@dataclass(frozen=True)
+class TorchRecRun:
+    """One run of TorchRec's planner, as its users run it: its plan (None when it failed),
+    how long it took, and what it says of itself."""
+
+    plan: ShardingPlan | None
+    seconds: float
+    status: str
+    """"ok", "timed out: best of N proposals" (TorchRec's ``timeout_seconds`` stopped its
+    proposal loop and it returned its best plan so far), or the error it raised."""
+    proposals: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+    """sharding type -> tables, of the plan."""
+    kernels: dict[str, int] = field(default_factory=dict)
+    """compute kernel -> tables, of the plan."""
+    peak_hbm_bytes: int = 0
+    peak_ddr_bytes: int = 0
+    """the most any rank holds, as TorchRec's storage estimator counts it."""
+
+
+def run_torchrec(task: Task, device_type: str, timeout_seconds: int | None, proposer: str = "default", **kwargs) -> TorchRecRun:
+    """Run ``torchrec_planner`` once, timed, with no alarm of ours: a failure is a result
+    (its error text), never dropped. ``kwargs`` go to ``torchrec_planner``."""
+    import logging
+    import time
+    from collections import Counter
+
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from torchrec_neuroshard.tables import module_for_tables
+
+    _check_proposer(proposer)  # our argument: refused here, not reported as TorchRec's failure
+    timed_out: list[str] = []
+
+    class _TimeoutSeen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Exceeded time limit" in record.getMessage():
+                timed_out.append(record.getMessage())
+
+    log = logging.getLogger("torchrec.distributed.planner.planners")
+    handler, level = _TimeoutSeen(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    module = module_for_tables(task.tables)
+    t0 = time.perf_counter()
+    try:
+        planner = torchrec_planner(task, device_type, timeout_seconds=timeout_seconds, proposer=proposer, **kwargs)
+        plan = planner.plan(module, [EmbeddingBagCollectionSharder()])
+    except Exception as e:  # noqa: BLE001 - TorchRec failing is the row's result
+        return TorchRecRun(None, time.perf_counter() - t0, f"failed: {type(e).__name__}: {str(e)[:300]}")
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    seconds = time.perf_counter() - t0
+    options = planner._best_plan or []  # its chosen ShardingOptions, with each shard's storage and rank
+    hbm, ddr = Counter(), Counter()
+    for option in options:
+        for shard in option.shards:
+            hbm[shard.rank] += shard.storage.hbm
+            ddr[shard.rank] += shard.storage.ddr
+    return TorchRecRun(
+        plan=plan,
+        seconds=seconds,
+        status=f"timed out: best of {planner._num_proposals} proposals" if timed_out else "ok",
+        proposals=planner._num_proposals,
+        kinds=dict(Counter(o.sharding_type for o in options)),
+        kernels=dict(Counter(o.compute_kernel for o in options)),
+        peak_hbm_bytes=max(hbm.values(), default=0),
+        peak_ddr_bytes=max(ddr.values(), default=0),
+    )
