@@ -315,3 +315,22 @@ def test_a_tasks_modules_must_name_every_table_once() -> None:
         d["modules"] = not_lists
         with pytest.raises(ShardingError, match="modules must be lists of table names"):
             Task.from_json(json.dumps(d))
+
+
+def test_a_topology_far_beyond_the_comm_models_world_sizes_is_planned_with_the_links_stand_in(caplog) -> None:
+    from torchrec.distributed.planner import Topology
+
+    from torchrec_neuroshard.comm import AlphaBetaComm
+    from torchrec_neuroshard.costmodel import NeuralComm, cost_model_for
+
+    trained = load_pretrained().meta["world_sizes_trained"]
+    near, far = 4 * max(trained), 4 * max(trained) + 8
+    assert isinstance(cost_model_for(Topology(world_size=near, compute_device="cpu"), "cpu").comm, NeuralComm)
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.costmodel"):
+        model = cost_model_for(Topology(world_size=far, compute_device="cpu", local_world_size=8), "cpu")
+    assert isinstance(model.comm, AlphaBetaComm) and model.comm.local_world_size == 8
+    # the step's measured collectives go too: stepcost.Collectives prices them by the links
+    assert model.step_parts.has("dp_fwd", "dp_bwd") and not model.step_parts.has("input_dist")
+    assert not any(model.step_parts.has(op) for op in ("all_reduce", "reduce_scatter", "all_gather"))
+    assert f"world size {far} is beyond 4x" in caplog.text and f"--world-size {far}" in caplog.text
+    check_world_size(model, far)  # priced by the links now: no refusal

@@ -147,8 +147,9 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
     corrupt.write_bytes(b"\x00" * 64)
     with pytest.raises(ShardingError, match="model.pt: not a readable torchrec-neuroshard cost model"):
         NeuroShardPlanner(topology(), cost_model=corrupt).plan(two_tower(), SHARDERS)  # loaded on first plan
-    with pytest.raises(ShardingError, match="world size 64 is far beyond"):
-        NeuroShardPlanner(topology(64)).plan(two_tower(), SHARDERS)
+    # far beyond the comm model's world sizes: planned, its communication priced by the links
+    # (costmodel._within_reach; tests/test_inputs.py checks the model and the warning)
+    assert NeuroShardPlanner(topology(64)).plan(two_tower(), SHARDERS).plan
 
 
 def test_batch_size_other_than_the_models_is_scaled_and_logged(caplog) -> None:

@@ -37,7 +37,7 @@ from torch import nn
 
 from torchrec_neuroshard.comm import AlphaBetaComm, CommModel
 from torchrec_neuroshard.hardware import Hardware, hardware_mismatch, local_hardware
-from torchrec_neuroshard.steparts import StepParts
+from torchrec_neuroshard.steparts import COLLECTIVES, StepParts
 from torchrec_neuroshard.types import CostModel, NUM_ACCESS_BINS, Shard, ShardingError, TableSpec
 
 logger = logging.getLogger(__name__)
@@ -631,9 +631,10 @@ def check_world_size(model: NeuralCostModel, world: int) -> None:
     """Refuse planning ``world`` ranks with ``model`` when that is more than
     ``MAX_WORLD_SIZE_EXTRAPOLATION`` x the largest world size its comm model was trained on
     (``ShardingError`` naming the commands that fix it); warn when ``world`` is new to it
-    but within reach. A model without trained world sizes (alpha-beta comm) passes."""
+    but within reach. A model without trained world sizes or whose comm is the alpha-beta
+    stand-in (``cost_model_for`` pairs one with it beyond that reach) passes."""
     trained = model.meta.get("world_sizes_trained", [])
-    if world <= 1 or not trained or world in trained:
+    if world <= 1 or not trained or world in trained or not isinstance(model.comm, NeuralComm):
         return
     if world > MAX_WORLD_SIZE_EXTRAPOLATION * max(trained):
         raise ShardingError(
@@ -690,7 +691,8 @@ def cost_model_for(topology: Any, cost_model: NeuralCostModel | str | Path | Non
     this machine's CPU / GPU, where visible) is used with a logged warning that names the
     command making a model for this machine. A model without a comm part (measured on one
     GPU) is paired with ``AlphaBetaComm`` from the topology's bandwidths: a stand-in until
-    comm is measured on NCCL.
+    comm is measured on NCCL. So is one whose comm net was trained on world sizes more than
+    ``MAX_WORLD_SIZE_EXTRAPOLATION`` times smaller than the topology's (logged as a warning).
     """
     device = topology.compute_device
     if cost_model is None:
@@ -711,4 +713,30 @@ def cost_model_for(topology: Any, cost_model: NeuralCostModel | str | Path | Non
     if model.comm is None:
         model = model.with_comm(AlphaBetaComm.from_topology(topology, model.batch_size))
         logger.info("comm cost: %s, until comm is measured on this hardware", model.comm.describe())
-    return model
+    return _within_reach(model, topology)
+
+
+def _within_reach(model: NeuralCostModel, topology: Any) -> NeuralCostModel:
+    """``model`` with every communication part measured only at world sizes more than
+    ``MAX_WORLD_SIZE_EXTRAPOLATION`` times smaller than the topology's replaced by the
+    topology's links (``AlphaBetaComm``; ``stepcost.Collectives`` prices a collective
+    without a measured part by them), logged as a warning naming what to collect."""
+    world = topology.world_size
+    far = lambda sizes: bool(sizes) and world > MAX_WORLD_SIZE_EXTRAPOLATION * max(sizes)  # noqa: E731
+    comm_far = isinstance(model.comm, NeuralComm) and far(model.meta.get("world_sizes_trained", []))
+    measured_at = model.meta.get("step_parts_world_sizes", {})
+    parts = model.meta.get("step_parts") or {}
+    dropped = sorted(op for op in (*COLLECTIVES, "input_dist") if op in parts and far(measured_at.get(op, [])))
+    if not comm_far and not dropped:
+        return model
+    meta = dict(model.meta, step_parts={op: c for op, c in parts.items() if op not in dropped})
+    links = AlphaBetaComm.from_topology(topology, model.batch_size)
+    logger.warning(
+        "world size %d is beyond %dx the world sizes this model's communication was measured at (%s): the "
+        "%s priced by the topology's links (%s) instead; for measured prices collect samples at this size "
+        "(`neuroshard collect comm --world-size %d`, `neuroshard collect step`) and re-train",
+        world, MAX_WORLD_SIZE_EXTRAPOLATION, model.meta.get("world_sizes_trained") or measured_at,
+        ", ".join((["pooled all-to-all"] if comm_far else []) + dropped), links.describe(), world,
+    )  # fmt: skip
+    within = NeuralCostModel(model.compute_net, model.compute_norm, None, meta, model.batch_scale, model.sequence)
+    return within.with_comm(links if comm_far else model.comm)
