@@ -141,6 +141,15 @@ def _row_block(lookups: Lookups, start: int, rows: int) -> Lookups:
     return indices[keep] - start, kept_before[offsets]
 
 
+def device_kernel(task: Task, group: LookupGroup, d: int, lookups: Mapping[str, Lookups]) -> tuple[list[Shard], Mapping[str, Lookups]]:
+    """Device ``d``'s fused kernel of ``group``: its shards and the bags they read (a row
+    block reads its own rows' indices; a rank holds one block of a table)."""
+    shards = [Shard(task.table(n), w, rows) for n, w, _, rows in group.shards[d]]
+    if not group.kind.splits_rows:
+        return shards, lookups
+    return shards, {n: _row_block(lookups[n], start, rows) for n, _, start, rows in group.shards[d]}
+
+
 def _in_rows(lookups: Lookups, rank: int, local: int, start: int, rows: int) -> int:
     """How many of rank ``rank``'s samples' indices fall in rows [start, start + rows)."""
     indices, offsets = lookups
@@ -209,11 +218,7 @@ def _measure_compute_round(
         fwd, bwd = fwd_dp, bwd_dp
         for g in groups:
             if g.shards[d]:
-                shards = [Shard(task.table(n), w, rows) for n, w, _, rows in g.shards[d]]
-                bags = lookups
-                if g.kind.splits_rows:  # each block's own bags (a rank holds one block of a table)
-                    bags = {n: _row_block(lookups[n], start, rows) for n, _, start, rows in g.shards[d]}
-                m = measure_compute(shards, bags, device, warmup, repeats)
+                m = measure_compute(*device_kernel(task, g, d, lookups), device, warmup, repeats)
                 fwd, bwd = fwd + m.fwd.median_ms, bwd + m.bwd.median_ms
         out.append((fwd, bwd))
     return out

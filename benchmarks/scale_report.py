@@ -1,0 +1,125 @@
+"""The table of ``benchmarks/scale.py``: measured compute, modelled comm, planning time.
+
+    python -m benchmarks.scale report
+
+Reads ``results/scale_planned.jsonl`` and ``results/scale_measured.jsonl`` (the last row of
+each planner and D wins) and writes ``results/scale.md``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.scale import MEASURED, PLANNED, PLANNERS
+from torchrec_neuroshard.heuristics import BASELINES
+from torchrec_neuroshard.lab.collect import read_rows
+
+RESULT = Path(__file__).parent / "results" / "scale.md"
+TORCHREC_ROWS = ("torchrec_timeout", "torchrec_dp")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One plan's measurement: per-device compute (median round, data-parallel work
+    included), the plan's compute in each round, and the modelled communication, ms."""
+
+    per_device: tuple[float, ...]
+    per_round: tuple[float, ...]
+    comm_ms: float
+
+    @property
+    def compute_ms(self) -> float:
+        return max(self.per_device)
+
+    @property
+    def imbalance(self) -> float:
+        """slowest device / mean device."""
+        return self.compute_ms / statistics.fmean(self.per_device)
+
+    @property
+    def spread(self) -> float:
+        """range of the plan's compute over rounds, as a share of its median."""
+        return (max(self.per_round) - min(self.per_round)) / statistics.median(self.per_round)
+
+
+def measured(rows: list[dict], devices: int, planner: str) -> Measured | None:
+    mine = {r["device"]: r for r in rows if r["devices"] == devices and r["planner"] == planner}
+    if "all" not in mine or len(mine) != devices + 1:
+        return None
+    shared = mine.pop("all")
+    dp = shared["data_parallel_ms"]
+    rounds = [[f + b + dp for f, b in zip(r["fwd_ms"], r["bwd_ms"])] for _, r in sorted(mine.items())]
+    comm = shared["comm_input_ms"] + shared["comm_forward_ms"] + shared["comm_backward_ms"]
+    return Measured(tuple(statistics.median(r) for r in rounds), tuple(max(col) for col in zip(*rounds)), comm)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.3f}" if a and b else "-"
+
+
+def _rows_of(devices: int, planned: dict, results: dict) -> list[str]:
+    lines = []
+    best_h = min((results[n].compute_ms for n in BASELINES if results.get(n)), default=None)
+    for name in PLANNERS:
+        p = planned.get((devices, name))
+        if p is None:
+            continue
+        m = results.get(name)
+        if p["status"] != "ok" or m is None:
+            lines.append(f"| {devices} | {name} | - | - | - | - | - | - | - | - | {p['planning_s']} | {p['status'][:160]} |")
+            continue
+        ref = {t: results[t].compute_ms if results.get(t) else None for t in TORCHREC_ROWS}
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
+        note = f"{p['note']}; " if p.get("note") else ""
+        lines.append(
+            f"| {devices} | {name} | {m.compute_ms:.1f} ({100 * m.spread:.0f}%) | {m.imbalance:.2f} | {m.comm_ms:.2f} "
+            f"| {m.compute_ms + m.comm_ms:.1f} | {_ratio(m.compute_ms, ref['torchrec_timeout'])} "
+            f"| {_ratio(m.compute_ms, ref['torchrec_dp'])} | {_ratio(m.compute_ms, best_h)} "
+            f"| {max(p['predicted_compute_ms']):.1f} | {p['planning_s']} | {note}{kinds} |"
+        )
+    return lines
+
+
+def _model_error(planned: dict, results: dict[int, dict]) -> list[str]:
+    """How far NeuroShard's CPU model is from the measured devices, per D (every plan)."""
+    lines = ["", "| D | devices priced | predicted / measured per device, median | within 10% | MAPE |", "|---|---|---|---|---|"]
+    for devices, by_planner in sorted(results.items()):
+        ratios = []
+        for name, m in by_planner.items():
+            p = planned.get((devices, name))
+            if m is not None and p and p["status"] == "ok":
+                ratios += [pr / me for pr, me in zip(p["predicted_compute_ms"], m.per_device)]
+        if ratios:
+            within = sum(abs(r - 1) <= 0.10 for r in ratios) / len(ratios)
+            mape = statistics.fmean(abs(r - 1) for r in ratios)
+            lines.append(f"| {devices} | {len(ratios)} | {statistics.median(ratios):.3f} | {100 * within:.0f}% | {100 * mape:.1f}% |")
+    return lines
+
+
+def write_report(machine: str) -> str:
+    planned = {(r["devices"], r["planner"]): r for r in read_rows(PLANNED)}
+    rows = read_rows(MEASURED)
+    all_devices = sorted({d for d, _ in planned})
+    results = {d: {n: measured(rows, d, n) for n in PLANNERS} for d in all_devices}
+    lines = [
+        "# 856 tables on 8 to 128 devices, measured",
+        "",
+        f"`python -m benchmarks.scale plan && python -m benchmarks.scale measure && python -m benchmarks.scale report`; "
+        f"{machine}, one thread; {datetime.date.today().isoformat()}. Compute: every device's kernels timed here "
+        "(rows / 64, global batch 4,096), slowest device, median of interleaved rounds (spread: the range over rounds). "
+        "Comm: priced from published H100 NVLink / 400 Gb/s InfiniBand rates (`lab.published_comm`), not measured; "
+        "sum = compute + comm. Ratios are of measured compute. Predicted: NeuroShard's own CPU model's slowest device.",
+        "",
+        "| D | planner | compute ms (spread) | slowest / mean device | comm ms (modelled) | sum ms | / TorchRec timeout "
+        "| / TorchRec DP | / best heuristic | predicted compute ms | planning s | kinds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for d in all_devices:
+        lines += _rows_of(d, planned, results[d])
+    lines += ["", "NeuroShard's CPU model against the measured devices (every plan's devices):"] + _model_error(planned, results)
+    text = "\n".join(lines) + "\n"
+    RESULT.write_text(text)
+    return text
