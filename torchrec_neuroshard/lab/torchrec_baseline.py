@@ -152,7 +152,9 @@ class TorchRecRun:
     seconds: float
     status: str
     """"ok", "timed out: best of N proposals" (TorchRec's ``timeout_seconds`` stopped its
-    proposal loop and it returned its best plan so far), or the error it raised."""
+    proposal loop and it returned its best plan so far), or "failed: " and the error."""
+    error: Exception | None = None
+    """what TorchRec raised, when it failed."""
     proposals: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
     """sharding type -> tables, of the plan."""
@@ -192,7 +194,7 @@ def run_torchrec(task: Task, device_type: str, timeout_seconds: int | None, prop
         planner = torchrec_planner(task, device_type, timeout_seconds=timeout_seconds, proposer=proposer, **kwargs)
         plan = planner.plan(module, [EmbeddingBagCollectionSharder()])
     except Exception as e:  # noqa: BLE001 - TorchRec failing is the row's result
-        return TorchRecRun(None, time.perf_counter() - t0, f"failed: {type(e).__name__}: {str(e)[:300]}")
+        return TorchRecRun(None, time.perf_counter() - t0, f"failed: {type(e).__name__}: {str(e)[:300]}", error=e)
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
