@@ -17,8 +17,9 @@ timed on this machine, one device at a time, one thread, as TorchRec runs them: 
 TBE per sharding kind on the device (column shards over the global batch, a row block over
 its own rows' indices); data-parallel tables as DMP's dense TBE at the local batch plus the
 update, added to every device. The plans of one device are timed in interleaved rounds
-(their order rotated each round); a device's compute is its median round, a plan's the
-slowest device. Communication is priced from published link rates
+(their order rotated each round; in a round each kernel runs one untimed step, then
+``REPEATS`` timed back to back, as a training step repeats it and as the cost model's
+samples were timed); a device's compute is its median round, a plan's the slowest device. Communication is priced from published link rates
 (``lab.published_comm``: H100 NVLink within hosts of 8, 400 Gb/s InfiniBand across), the
 same model for every planner and one the planner does not use; it is a separate column.
 NeuroShard's own prediction of each plan's compute stands beside the measurement.
@@ -58,6 +59,8 @@ MEASURED = HERE / "results" / "scale_measured.jsonl"
 DEVICES = (8, 16, 32, 64, 128)
 SEED = 1
 PLANNERS = ("neuroshard", *TORCHREC_CONFIGS, *BASELINES)
+REPEATS = 3
+"""Back-to-back timed steps of a kernel in one round (after one untimed)."""
 CPU = torch.device("cpu")
 
 
@@ -113,25 +116,28 @@ class _Kernel:
         self.indices, self.offsets = concat_lookups([bags[s.table.name] for s in shards], CPU)
         self.grad = torch.ones((self.offsets.numel() - 1) // len(shards), sum(s.width for s in shards))  # [batch, width sum]
 
-    def time_ms(self) -> tuple[float, float]:
-        m = time_forward_backward(lambda: self.kernel(self.indices, self.offsets), lambda out: out.backward(self.grad), CPU, 0, 1)
+    def time_ms(self, repeats: int) -> tuple[float, float]:
+        """Medians of ``repeats`` back-to-back steps after one untimed (a training step
+        runs the same kernel each time, and the cost model's samples were timed so)."""
+        m = time_forward_backward(lambda: self.kernel(self.indices, self.offsets), lambda out: out.backward(self.grad), CPU, 1, repeats)
         return m.fwd.median_ms, m.bwd.median_ms
 
 
-def _device_rounds(task: Task, groups: dict, lookups: dict, d: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    """Every plan's kernels of device ``d``, timed in ``rounds`` interleaved rounds (after
-    one untimed pass each): plan -> [(fwd, bwd) ms per round]."""
+def _device_rounds(
+    task: Task, groups: dict, lookups: dict, d: int, rounds: int, repeats: int = REPEATS
+) -> dict[str, list[tuple[float, float]]]:
+    """Every plan's kernels of device ``d``, timed in ``rounds`` interleaved rounds, the
+    plans' order rotated each round: plan -> [(fwd, bwd) ms per round]."""
     kernels = {
         name: [_Kernel(*device_kernel(task, g, d, lookups)) for g in plan_groups if g.shards[d]]
         for name, plan_groups in groups.items()
     }
     out: dict[str, list[tuple[float, float]]] = {name: [] for name in kernels}
     names = list(kernels)
-    for r in range(-1, rounds):
+    for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            times = [k.time_ms() for k in kernels[name]]
-            if r >= 0:
-                out[name].append((sum(f for f, _ in times), sum(b for _, b in times)))
+            times = [k.time_ms(repeats) for k in kernels[name]]
+            out[name].append((sum(f for f, _ in times), sum(b for _, b in times)))
     return out
 
 
@@ -178,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("step", choices=["plan", "measure", "report"])
     p.add_argument("--devices", type=int, nargs="+", default=list(DEVICES))
     p.add_argument("--torchrec-timeout", type=int, default=300, help="TorchRec's own timeout_seconds")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds per device")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per device")
     p.add_argument("--planners", nargs="+", choices=PLANNERS, help="plan: (re-)plan only these, keeping the others' plans")
     args = p.parse_args(argv)
     torch.set_num_threads(1)

@@ -23,12 +23,17 @@ TORCHREC_ROWS = ("torchrec_timeout", "torchrec_dp")
 
 @dataclass(frozen=True)
 class Measured:
-    """One plan's measurement: per-device compute (median round, data-parallel work
-    included), the plan's compute in each round, and the modelled communication, ms."""
+    """One plan's measurement: each device's compute in every round (data-parallel work
+    included) and the modelled communication, ms."""
 
-    per_device: tuple[float, ...]
-    per_round: tuple[float, ...]
+    rounds: tuple[tuple[float, ...], ...]
+    """rounds[d]: device d's compute in each round."""
     comm_ms: float
+
+    @property
+    def per_device(self) -> tuple[float, ...]:
+        """each device's median round."""
+        return tuple(statistics.median(r) for r in self.rounds)
 
     @property
     def compute_ms(self) -> float:
@@ -41,8 +46,11 @@ class Measured:
 
     @property
     def spread(self) -> float:
-        """range of the plan's compute over rounds, as a share of its median."""
-        return (max(self.per_round) - min(self.per_round)) / statistics.median(self.per_round)
+        """the slowest device with every device at its upper quartile round less the same
+        at the lower quartile, as a share of the compute (robust to a round spiking on one
+        device, which a per-round maximum is not)."""
+        quartiles = [statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3 for r in self.rounds]
+        return (max(q[2] for q in quartiles) - max(q[0] for q in quartiles)) / self.compute_ms
 
 
 def measured(rows: list[dict], devices: int, planner: str) -> Measured | None:
@@ -51,9 +59,8 @@ def measured(rows: list[dict], devices: int, planner: str) -> Measured | None:
         return None
     shared = mine.pop("all")
     dp = shared["data_parallel_ms"]
-    rounds = [[f + b + dp for f, b in zip(r["fwd_ms"], r["bwd_ms"])] for _, r in sorted(mine.items())]
-    comm = shared["comm_input_ms"] + shared["comm_forward_ms"] + shared["comm_backward_ms"]
-    return Measured(tuple(statistics.median(r) for r in rounds), tuple(max(col) for col in zip(*rounds)), comm)
+    rounds = tuple(tuple(f + b + dp for f, b in zip(r["fwd_ms"], r["bwd_ms"])) for _, r in sorted(mine.items()))
+    return Measured(rounds, shared["comm_input_ms"] + shared["comm_forward_ms"] + shared["comm_backward_ms"])
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -84,7 +91,7 @@ def _rows_of(devices: int, planned: dict, results: dict) -> list[str]:
 
 
 def _model_error(planned: dict, results: dict[int, dict]) -> list[str]:
-    """How far NeuroShard's CPU model is from the measured devices, per D (every plan)."""
+    """How far the shipped CPU model is from every plan's measured devices, per D."""
     lines = ["", "| D | devices priced | predicted / measured per device, median | within 10% | MAPE |", "|---|---|---|---|---|"]
     for devices, by_planner in sorted(results.items()):
         ratios = []
@@ -109,9 +116,9 @@ def write_report(machine: str) -> str:
         "",
         f"`python -m benchmarks.scale plan && python -m benchmarks.scale measure && python -m benchmarks.scale report`; "
         f"{machine}, one thread; {datetime.date.today().isoformat()}. Compute: every device's kernels timed here "
-        "(rows / 64, global batch 4,096), slowest device, median of interleaved rounds (spread: the range over rounds). "
+        "(rows / 64, global batch 4,096), slowest device, median of interleaved rounds (spread: the slowest device with every device at its upper quartile round less the same at its lower quartile). "
         "Comm: priced from published H100 NVLink / 400 Gb/s InfiniBand rates (`lab.published_comm`), not measured; "
-        "sum = compute + comm. Ratios are of measured compute. Predicted: NeuroShard's own CPU model's slowest device.",
+        "sum = compute + comm. Ratios are of measured compute. Predicted: the slowest device as the shipped CPU model sees it.",
         "",
         "| D | planner | compute ms (spread) | slowest / mean device | comm ms (modelled) | sum ms | / TorchRec timeout "
         "| / TorchRec DP | / best heuristic | predicted compute ms | planning s | kinds |",
@@ -119,7 +126,7 @@ def write_report(machine: str) -> str:
     ]
     for d in all_devices:
         lines += _rows_of(d, planned, results[d])
-    lines += ["", "NeuroShard's CPU model against the measured devices (every plan's devices):"] + _model_error(planned, results)
+    lines += ["", "The shipped CPU model against the measured devices (every plan's devices):"] + _model_error(planned, results)
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)
     return text
