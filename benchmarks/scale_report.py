@@ -126,6 +126,8 @@ def write_report(machine: str) -> str:
     ]
     for d in all_devices:
         lines += _rows_of(d, planned, results[d])
+    counts = {d: sorted({len(r) for m in results[d].values() if m for r in m.rounds}) for d in all_devices}
+    lines += ["", "Timing rounds per device: " + ", ".join(f"D = {d}: {'/'.join(map(str, c))}" for d, c in counts.items() if c) + "."]
     lines += ["", "The shipped CPU model against the measured devices (every plan's devices):"] + _model_error(planned, results)
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)
