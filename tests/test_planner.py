@@ -448,3 +448,14 @@ def test_the_kernel_size_warning_counts_each_modules_kernels_apart(caplog) -> No
     # one EBC: some rank's one kernel holds more than the model ever saw, and it is named
     text = warned(_ebc(tables))
     assert "module 0, table_wise fuses" in text and f"at most {trained} tables" in text
+
+
+def test_a_sharding_type_we_do_not_plan_is_refused_as_ours_not_the_sharders() -> None:
+    # TorchRec plans grid_shard with this sharder: the refusal names NeuroShard, not the sharder
+    grid = NeuroShardPlanner(topology(4), constraints={"a0": ParameterConstraints(sharding_types=["grid_shard"])})
+    with pytest.raises(ShardingError, match=r"table 'a0': .* NeuroShard does not plan \['grid_shard'\] yet .*EmbeddingShardingPlanner"):
+        grid.plan(two_tower(), SHARDERS)
+    # the stock CPU sharder offers no row splits: that refusal names the sharder
+    rows = NeuroShardPlanner(topology(), constraints={"a0": ParameterConstraints(sharding_types=["row_wise"])})
+    with pytest.raises(ShardingError, match=r"table 'a0': .* the sharder of module '.*' offers none of them; allow one of \["):
+        rows.plan(two_tower(), SHARDERS)

@@ -222,9 +222,14 @@ def module_tables(
                     )
                 min_width = max(min_width, int(c.min_partition))
         if not allowed:
+            unplanned = sorted(set(c.sharding_types) - {k.value for k in ShardingKind})
+            why = (
+                f"NeuroShard does not plan {unplanned} yet (plan such tables with TorchRec's "
+                "EmbeddingShardingPlanner)" if unplanned else f"the sharder of module {path!r} offers none of them"
+            )
             raise ShardingError(
-                f"table {config.name!r}: its constraints allow {list(c.sharding_types)} but the "
-                f"sharder of module {path!r} offers {sorted(k.value for k in offered)}; allow one of those"
+                f"table {config.name!r}: its constraints allow {list(c.sharding_types)}, and {why}; allow one of "
+                f"{sorted(k.value for k in offered)}, the kinds NeuroShard plans that this sharder offers"
             )
         found.append(ModuleTable(path, spec, allowed, min_width))
     for name in sorted(set(constraints) - set(seen)):
