@@ -76,8 +76,9 @@ def plan_all(num_devices: int, torchrec_timeout: int, planners: Sequence[str] = 
     before), a row each to ``PLANNED`` (the report reads the last row of each)."""
     # as NeuroShardPlanner gets them: the topology's links in the task, the shipped CPU model
     # with its communication priced by those links beyond its measured world sizes' reach
-    topology = torchrec_topology(scale_task(num_devices), "cpu")
-    task = dataclasses.replace(scale_task(num_devices), links=Links.of(topology))
+    task = scale_task(num_devices)
+    topology = torchrec_topology(task, "cpu")
+    task = dataclasses.replace(task, links=Links.of(topology))
     model = cost_model_for(topology, "cpu").with_batch_size(task.batch_size)
     path = PLANS_DIR / f"plans_D{num_devices}.json"
     plans = json.loads(path.read_text())["plans"] if path.exists() else {}
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
             first = scale_task(args.devices[0])
             lookups = task_lookups(first)  # the same tables and global batch at every D
             for d in args.devices:
-                if scale_task(d).tables != first.tables or scale_task(d).batch_size != first.batch_size:
+                task = scale_task(d)
+                if task.tables != first.tables or task.batch_size != first.batch_size:
                     raise ValueError(f"D={d}: the task's tables or batch differ from D={args.devices[0]}'s")
                 measure_all(d, args.rounds, lookups)
         else:
