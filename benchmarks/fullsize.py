@@ -60,8 +60,12 @@ def full_size_task(num_devices: int, hbm_bytes: int | None = None, seed: int = 0
     return task if hbm_bytes is None else dataclasses.replace(task, memory_cap_bytes=hbm_bytes)
 
 
+def ranks_per_host(task: Task) -> int:
+    return min(GPUS_PER_HOST, task.num_devices)
+
+
 def topology_for(task: Task):
-    return torchrec_topology(task, "cuda", min(GPUS_PER_HOST, task.num_devices))
+    return torchrec_topology(task, "cuda", ranks_per_host(task))
 
 
 def plan_with(name: str, task: Task, model, torchrec_timeout: int, device_type: str = "cuda") -> tuple[Plan, dict]:
@@ -71,7 +75,7 @@ def plan_with(name: str, task: Task, model, torchrec_timeout: int, device_type: 
         result = search(task, model)
         return result.plan, {"note": f"{result.states_evaluated} split states"}
     if name in TORCHREC_CONFIGS:
-        local = min(GPUS_PER_HOST, task.num_devices) if device_type == "cuda" else None
+        local = ranks_per_host(task) if device_type == "cuda" else None
         run = run_torchrec(task, device_type, torchrec_timeout, TORCHREC_CONFIGS[name], local_world_size=local)
         if run.plan is None:
             raise run.error

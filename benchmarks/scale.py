@@ -44,13 +44,13 @@ from torchrec_neuroshard.costmodel import cost_model_for
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.evaluate import device_kernel, lookup_groups, task_lookups
+from torchrec_neuroshard.lab.evaluate import _local_lookups, device_kernel, lookup_groups, task_lookups
 from torchrec_neuroshard.lab.measure_compute import build_kernel, concat_lookups, cpu_threads, measure_replicated_compute, time_forward_backward
 from torchrec_neuroshard.lab.published_comm import modelled_comm
 from torchrec_neuroshard.lab.torchrec_baseline import topology_for as torchrec_topology
 from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import predicted_breakdown
-from torchrec_neuroshard.types import Links, Plan, Task
+from torchrec_neuroshard.types import Links, Plan, ShardingKind, Task
 
 HERE = Path(__file__).parent
 PLANS_DIR = HERE.parent / "runs" / "scale"
@@ -148,10 +148,9 @@ def _plan_rows(task: Task, plans: dict[str, Plan], lookups: dict, rounds: int) -
     local = task.batch_size // task.num_devices
     rows = []
     for name, plan in plans.items():
-        names = [p.table for p in plan.placements if p.kind.value == "data_parallel"]
-        replicated = [task.table(n) for n in names]
-        bags = {n: (lookups[n][0][: int(lookups[n][1][local])], lookups[n][1][: local + 1]) for n in names}
-        dp = measure_replicated_compute(replicated, bags, CPU, 1, rounds)
+        names = [p.table for p in plan.placements if p.kind is ShardingKind.DATA_PARALLEL]
+        bags = {n: _local_lookups(lookups[n], 0, local) for n in names}
+        dp = measure_replicated_compute([task.table(n) for n in names], bags, CPU, 1, rounds)
         comm = modelled_comm(task, plan, lookups)
         rows.append({"devices": task.num_devices, "device": "all", "planner": name, "replicated_tables": len(names),
                      "data_parallel_ms": dp.total_ms, "comm_input_ms": comm.input_ms,

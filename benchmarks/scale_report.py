@@ -70,6 +70,7 @@ def _ratio(a: float | None, b: float | None) -> str:
 def _rows_of(devices: int, planned: dict, results: dict) -> list[str]:
     lines = []
     best_h = min((results[n].compute_ms for n in BASELINES if results.get(n)), default=None)
+    ref = {t: results[t].compute_ms if results.get(t) else None for t in TORCHREC_ROWS}
     for name in PLANNERS:
         p = planned.get((devices, name))
         if p is None:
@@ -78,7 +79,6 @@ def _rows_of(devices: int, planned: dict, results: dict) -> list[str]:
         if p["status"] != "ok" or m is None:
             lines.append(f"| {devices} | {name} | - | - | - | - | - | - | - | - | {p['planning_s']} | {p['status'][:160]} |")
             continue
-        ref = {t: results[t].compute_ms if results.get(t) else None for t in TORCHREC_ROWS}
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
         note = f"{p['note']}; " if p.get("note") else ""
         lines.append(
