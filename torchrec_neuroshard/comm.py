@@ -30,6 +30,13 @@ class CommModel(abc.ABC):
         ``dims`` [R, D] and forward lateness ``skews_ms`` [R, D] behind the earliest device;
         the forward cost includes the wait for the latest device."""
 
+    def wait_free_cost(self, dims: np.ndarray) -> np.ndarray | None:
+        """(forward ms, backward ms) [R, D, 2] without the forward's wait, for a model whose
+        ``comm_cost_array`` is that plus the wait for the latest device and depends on the
+        skews in no other way (``AlphaBetaComm``): the search then prices many plans that
+        differ on two devices in O(plans). None (the default): the skews enter otherwise."""
+        return None
+
     @abc.abstractmethod
     def with_batch_size(self, batch_size: int) -> "CommModel":
         """The same model for a global batch of ``batch_size``."""
@@ -154,6 +161,13 @@ class AlphaBetaComm(CommModel):
         return steps * (self.latency_ms + nbytes / world_size / self._bw(world_size))
 
     def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
+        cost = self.wait_free_cost(dims)  # [R, D, 2]
+        if cost.shape[1] > 1:
+            skews = np.asarray(skews_ms, dtype=np.float64)
+            cost[:, :, 0] += skews.max(1, keepdims=True) - skews
+        return cost
+
+    def wait_free_cost(self, dims: np.ndarray) -> np.ndarray:
         dims = np.asarray(dims, dtype=np.float64)
         r, n = dims.shape
         if n == 1:
@@ -171,6 +185,4 @@ class AlphaBetaComm(CommModel):
             per_peer * (host_size - 1), host_sum - per_peer,
             per_peer * (n - host_size), per_peer.sum(1, keepdims=True) - host_sum, n,
         )  # fmt: skip
-        skews = np.asarray(skews_ms, dtype=np.float64)
-        wait = skews.max(1, keepdims=True) - skews
-        return np.stack([cost + wait, cost], axis=2).astype(np.float32)
+        return np.repeat(cost.astype(np.float32)[:, :, None], 2, axis=2)

@@ -280,40 +280,50 @@ class KernelNet:
 
     @torch.no_grad()
     def embed(self, shards: Sequence[Shard]) -> np.ndarray:
-        """Shard rows, float32 [S, embed + 3] = [the net's embedding of the shard as
-        ``priced`` | the (forward, backward) ms its copies beyond the first add, each priced
-        as that shard alone in a kernel, 0 inside the trained range | 1]. Pooled over a
+        """Shard rows, float32 [S, hidden + 3] = [the head's first layer (no bias) applied
+        to the net's embedding of the shard as ``priced`` | the (forward, backward) ms its
+        copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
+        the trained range | 1]. The head pools the embeddings by summing and its first
+        layer is linear, so that layer commutes with the pooling: it is applied once per
+        shard here, and a device's cost is the rest of the head (``cost``). Pooled over a
         device, the middle columns sum the devices' extra ms and the last counts its shards
         in this kernel."""
         features, copies = self.priced(shards)
         emb = self.net.table(self.norm(features)).numpy()  # [S, embed]
+        lifted = emb @ self.head[0][0]  # [S, hidden]
         extra = np.zeros((len(shards), 2), dtype=emb.dtype)  # [S, 2]
         beyond = copies > 1
         if beyond.any():
-            extra[beyond] = np.exp(_numpy_mlp(self.head, emb[beyond])) * (copies[beyond, None] - 1)
-        return np.concatenate([emb, extra, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
+            extra[beyond] = np.exp(self._rest_of_head(lifted[beyond])) * (copies[beyond, None] - 1)
+        return np.concatenate([lifted, extra, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
 
     def cost(self, pooled: np.ndarray) -> np.ndarray:
-        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, embed + 3];
+        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, hidden + 3];
         0 for a kernel of no shards.
 
         A kernel fusing n shards, more than the ``max_tables_per_kernel`` K it was trained
         on, is priced as n / K kernels of K average shards: linear in its work beyond the
         trained range, rather than the net's unbounded extrapolation of a sum it never saw
         (``kernel_size_warning`` says when that happens)."""
-        emb, extra, count = pooled[:, :-3], pooled[:, -3:-1], pooled[:, -1:]  # [N, embed], [N, 2], [N, 1]
+        lifted, extra, count = pooled[:, :-3], pooled[:, -3:-1], pooled[:, -1:]  # [N, hidden], [N, 2], [N, 1]
         trained = self.max_tables_per_kernel
         if trained and (count > trained).any():
             stretch = np.maximum(count / trained, 1.0)
-            out = np.exp(_numpy_mlp(self.head, emb / stretch)) * stretch + extra
+            out = np.exp(self._rest_of_head(lifted / stretch)) * stretch + extra
         else:  # every kernel within the trained size (the search's hot path)
-            out = np.exp(_numpy_mlp(self.head, emb)) + extra
+            out = np.exp(self._rest_of_head(lifted)) + extra
         return np.where(count > 0, out, 0.0)
+
+    def _rest_of_head(self, lifted: np.ndarray) -> np.ndarray:
+        """The head's log ms [N, 2] from its first layer's output without bias [N, hidden]."""
+        x = lifted + self.head[0][1]  # [N, hidden]
+        np.maximum(x, 0.0, out=x)
+        return _numpy_mlp(self.head[1:], x)
 
     @property
     def width(self) -> int:
         """Columns of an ``embed`` row."""
-        return int(self.net.config["embed"]) + 3
+        return int(self.net.config["hidden"]) + 3
 
 
 class NeuralComm(CommModel):
@@ -414,6 +424,13 @@ class NeuralCostModel(CostModel):
             self.compute_net, self.compute_norm, comm, self.meta, batch_size / self.batch_size, self.sequence
         )
 
+    def for_tables(self, tables: Sequence[TableSpec]) -> "NeuralCostModel":
+        """Without the sequence kernel's columns when no table of ``tables`` is a sequence
+        table: the same predictions from embeddings half as wide."""
+        if self.sequence_kernel is None or any(not t.pooled for t in tables):
+            return self
+        return NeuralCostModel(self.compute_net, self.compute_norm, self.comm, self.meta, self.batch_scale)
+
     def with_comm(self, comm: CommModel) -> "NeuralCostModel":
         """The same compute model paired with ``comm`` (at this model's batch scale)."""
         batch = round(self.batch_size * self.batch_scale)
@@ -468,6 +485,9 @@ class NeuralCostModel(CostModel):
                 "`neuroshard calibrate --world-size D`"
             )
         return self.comm.comm_cost_array(dims, skews_ms)
+
+    def wait_free_comm(self, dims: np.ndarray) -> np.ndarray | None:
+        return self.comm.wait_free_cost(dims) if self.comm is not None else None
 
     def out_of_range(self, tables: Sequence[TableSpec]) -> dict[str, list[str]]:
         """The features of each of ``tables``, whole (every column), that lie outside the

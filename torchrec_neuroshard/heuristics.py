@@ -43,15 +43,16 @@ def memory_shortfall_error(task: Task, table: TableSpec, free: list[int]) -> Inf
 
 def greedy_plan(task: Task, key: CostKey) -> Plan:
     """Whole tables, heaviest key first, each to the lightest device with room."""
-    load = [0.0] * task.num_devices
-    used = [0] * task.num_devices
+    load = np.zeros(task.num_devices)
+    used = np.zeros(task.num_devices, dtype=np.int64)
     placements = []
     for t in sorted(task.tables, key=key, reverse=True):
         size = _memory(task, t)
-        fits = [d for d in range(task.num_devices) if used[d] + size <= task.memory_cap_bytes]
-        if not fits:
-            raise memory_shortfall_error(task, t, [task.memory_cap_bytes - u for u in used])
-        d = min(fits, key=lambda d: (load[d], used[d]))
+        fits = used + size <= task.memory_cap_bytes  # [D]
+        if not fits.any():
+            raise memory_shortfall_error(task, t, [task.memory_cap_bytes - int(u) for u in used])
+        lightest = np.flatnonzero(fits & (load == load[fits].min()))  # ties: less memory, then the lower index
+        d = int(lightest[np.argmin(used[lightest])])
         load[d] += key(t)
         used[d] += size
         placements.append(TablePlacement(t.name, (t.dim,), (d,)))

@@ -40,6 +40,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from torchrec_neuroshard.local_search import local_improve
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
 from torchrec_neuroshard.stepcost import (
     CachedEmbedder,
@@ -414,79 +415,11 @@ def _plan_of(task: Task, keys: _Keys, runs: _Runs, r: int) -> Plan:
     return _plan_from_shards(task, shards)
 
 
-def _local_improve(
-    task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int, fixed_ms: np.ndarray, partners: int = 8
-) -> Plan:
-    """Move or swap shards off the most expensive device while the predicted cost drops.
-
-    Candidates: every shard of the bottleneck device moved to one of the ``partners``
-    cheapest devices, or swapped with a shard there, memory permitting. Only the two
-    devices a candidate touches are re-predicted; all candidates are scored in one batch
-    with the full cost (compute skew and comm of every device, plus ``fixed_ms`` [D, 2],
-    the forward and backward ms of the replicated and row-wise tables on each device); the
-    best improving one is applied, then repeat.
-    """
-    D = task.num_devices
+def _local_improve(task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int, fixed_ms: np.ndarray) -> Plan:
+    """``plan`` after ``local_search.local_improve``: moves and swaps off the bottleneck device."""
     names = {t.name: i for i, t in enumerate(task.tables)}
     shards = [(names[p.table], w, d) for p in plan.placements for w, d in zip(p.widths, p.devices)]
-    key_of = np.asarray([keys.index[(t, w)] for t, w, _ in shards])
-    dev = np.asarray([d for _, _, d in shards])
-    cap = task.memory_cap_bytes
-    for _ in range(max_moves):
-        sums = np.zeros((D, keys.emb.shape[1]), dtype=np.float32)
-        np.add.at(sums, dev, keys.emb[key_of])
-        dims = np.bincount(dev, weights=keys.width[key_of], minlength=D)
-        mem = np.bincount(dev, weights=keys.size[key_of], minlength=D)
-        count = np.bincount(dev, minlength=D)
-        base = _device_costs(model, sums, count) + fixed_ms
-        comm, total = model.embedding_cost(base[None, :, 0], base[None, :, 1], dims[None])
-        per_dev = base.sum(1) + comm[0].sum(1)
-        worst = int(per_dev.argmax())
-        cheap = [int(d) for d in np.argsort(per_dev) if d != worst][:partners]
-        on_worst = np.flatnonzero(dev == worst)
-        size = keys.size[key_of]
-        # (shard leaving the worst device, destination, shard coming back or -1)
-        cands = [(int(i), d, -1) for i in on_worst for d in cheap if mem[d] + size[i] <= cap]
-        cands += [
-            (int(i), d, int(j))
-            for d in cheap
-            for j in np.flatnonzero(dev == d)
-            for i in on_worst
-            if mem[d] + size[i] - size[j] <= cap and mem[worst] - size[i] + size[j] <= cap
-        ]
-        if not cands:
-            break
-        cand = np.asarray(cands)
-        n = len(cand)
-        out_k = key_of[cand[:, 0]]
-        has_back = cand[:, 2] >= 0
-        back_k = key_of[np.where(has_back, cand[:, 2], 0)]
-        delta_e = keys.emb[out_k] - np.where(has_back[:, None], keys.emb[back_k], 0.0).astype(np.float32)
-        delta_w = keys.width[out_k] - np.where(has_back, keys.width[back_k], 0.0)
-        delta_c = 1 - has_back.astype(np.int64)
-        dst = cand[:, 1]
-        touched = np.concatenate([sums[worst][None] - delta_e, sums[dst] + delta_e])
-        touched_count = np.concatenate([np.full(n, count[worst]) - delta_c, count[dst] + delta_c])
-        new = _device_costs(model, touched, touched_count)
-        new[:n] += fixed_ms[worst]
-        new[n:] += fixed_ms[dst]
-        fwd = np.repeat(base[None, :, 0], n, 0)
-        bwd = np.repeat(base[None, :, 1], n, 0)
-        c_dims = np.repeat(dims[None], n, 0)
-        rows = np.arange(n)
-        fwd[:, worst], bwd[:, worst] = new[:n, 0], new[:n, 1]
-        fwd[rows, dst], bwd[rows, dst] = new[n:, 0], new[n:, 1]
-        c_dims[:, worst] -= delta_w
-        c_dims[rows, dst] += delta_w
-        _, c_total = model.embedding_cost(fwd, bwd, c_dims)
-        best = int(c_total.argmin())
-        if c_total[best] >= total[0] - 1e-6:
-            break
-        i, d, j = cands[best]
-        dev[i] = d
-        if j >= 0:
-            dev[j] = worst
-    return _plan_from_shards(task, [(t, w, int(d)) for (t, w, _), d in zip(shards, dev)])
+    return _plan_from_shards(task, local_improve(model, keys, shards, max_moves, fixed_ms))
 
 
 def _plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan:
@@ -506,12 +439,6 @@ def _plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Pla
         ordered = sorted(per_table[t])
         placements.append(TablePlacement(table.name, tuple(w for w, _ in ordered), tuple(d for _, d in ordered)))
     return Plan(tuple(placements), task.num_devices)
-
-
-def _device_costs(model: CostModel, sums: np.ndarray, count: np.ndarray) -> np.ndarray:
-    cost = model.device_cost(sums)
-    cost[count == 0] = 0.0
-    return cost
 
 
 def _feasible_baselines(task: Task) -> list[Plan]:
@@ -558,7 +485,7 @@ def search(
     # The search's matrices are small: one BLAS thread is faster than several, and
     # far faster when the other cores are busy.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _search(task, model.with_batch_size(task.batch_size), config, choices or {}, tuple(fixed))
+        return _search(task, model.with_batch_size(task.batch_size).for_tables(task.tables), config, choices or {}, tuple(fixed))
 
 
 def _search(

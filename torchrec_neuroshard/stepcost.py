@@ -233,7 +233,9 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
         if p.kind is ShardingKind.DATA_PARALLEL:
             replicated.append(table)
             continue
-        group = groups.setdefault(p.kind, [[] for _ in range(world)])
+        if p.kind not in groups:  # (not setdefault: its default would be built for every table)
+            groups[p.kind] = [[] for _ in range(world)]
+        group = groups[p.kind]
         if p.kind.splits_columns:
             for w, d in zip(p.widths, p.devices):
                 group[d].append(Shard(table, w))

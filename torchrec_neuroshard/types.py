@@ -742,6 +742,16 @@ class CostModel(abc.ABC):
         forward-compute lateness relative to the earliest device.
         """
 
+    def for_tables(self, tables: Sequence[TableSpec]) -> "CostModel":
+        """The model pricing only ``tables``' shards, in embeddings as narrow as those need
+        (the search's hot loops add and copy them); default ``self``."""
+        return self
+
+    def wait_free_comm(self, dims: np.ndarray) -> np.ndarray | None:
+        """``comm_cost_array`` without the forward's wait, where the comm model has that
+        form (``CommModel.wait_free_cost``); default None: it has not."""
+        return None
+
     def with_batch_size(self, batch_size: int) -> "CostModel":
         """The model predicting at global batch ``batch_size``; the search calls this with
         its task's batch, so callers never rescale. Default: batch-independent."""
