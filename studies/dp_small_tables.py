@@ -1,6 +1,6 @@
 """Does the model price a replicated (data-parallel) table as its kernel costs, small and large?
 
-    python -m benchmarks.dp_small_tables [--model cpu] [--drift 8] [--all-reduce]
+    python -m studies.dp_small_tables [--model cpu] [--drift 8] [--all-reduce]
 
 For tables from a few hundred rows up to the sizes of the dp samples, at the CPU scale's
 global batch (4,096) on D = 2, 4, 8: the step parts' predicted dense kernel (``dp_fwd`` +
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
             print(row, flush=True)
     text = (
         f"# Replicated tables: predicted vs measured ({args.model} model)\n\n"
-        f"Date: {datetime.date.today()}, load average {load:.1f} before. `python -m benchmarks.dp_small_tables "
+        f"Date: {datetime.date.today()}, load average {load:.1f} before. `python -m studies.dp_small_tables "
         f"{' '.join(argv) if argv is not None else ' '.join(sys.argv[1:])}` (one thread, batch {batch}, "
         "uniform access, rank 0's local batch).\n\n" + "\n".join(lines) + "\n"
     )

@@ -1,6 +1,6 @@
 """How much room an evaluator run leaves below TorchRec's plan: each task's balanced bound.
 
-    python -m benchmarks.headroom benchmarks/results/step_suite_groups.jsonl
+    python -m studies.headroom benchmarks/results/step_suite_calibrated.jsonl
 
 Reads the rows ``benchmarks.compare`` wrote (each plan's measured per-device forward and
 backward compute and communication) and, per task, estimates the best cost any plan could
@@ -16,7 +16,7 @@ cost / bound says how far it stands from it, and bound / TorchRec's cost is the 
 NeuroShard / TorchRec ratio reachable on that task: its geomean over the tasks is the floor
 under the suite's NeuroShard / TorchRec target.
 
-    python -m benchmarks.headroom --dmp-step benchmarks/results/dmp_step_modules_final.jsonl
+    python -m studies.headroom --dmp-step benchmarks/results/dmp_step_modules_final.jsonl.gz
 
 does the same for a ``benchmarks.dmp_step`` run, where no per-device figure was measured:
 the shipped model prices each plan's modules (each sharded module is paid at its slowest
@@ -31,11 +31,11 @@ the floor under the dmp_step NeuroShard / best heuristic target.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
+from torchrec_neuroshard.lab.collect import read_rows
 
 if TYPE_CHECKING:
     from torchrec_neuroshard.types import CostModel, Plan, Task
@@ -110,8 +110,9 @@ def step_headroom(rows: Sequence[dict], model: "CostModel") -> str:
     """Markdown: per dmp_step task, the model's step bound, NeuroShard's and the best
     heuristic's predicted step over it, and the step a plan at the bound would take over
     the best heuristic's (its measured embedding share shrunk by bound / predicted)."""
-    from benchmarks.dmp_ranks import task_of
-    from benchmarks.dmp_step import StepConfig, ok_by_task, with_ebcs
+    from studies.dmp_ranks import task_of
+    from torchrec_neuroshard.lab.dmp_model import StepConfig, with_ebcs
+    from torchrec_neuroshard.lab.dmp_report import ok_by_task
     from torchrec_neuroshard.types import Plan
 
     tasks = ok_by_task(rows)
@@ -151,14 +152,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("results", type=Path, help="a benchmarks.compare results file (.jsonl), or with --dmp-step a dmp_step one")
     p.add_argument("--dmp-step", action="store_true", help="the results are benchmarks.dmp_step's: bound by the shipped model")
     args = p.parse_args(argv)
-    rows = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    rows = read_rows(args.results)
     if args.dmp_step:
         from torchrec_neuroshard.costmodel import load_pretrained
 
-        print(f"Predicted step bound of each task of `{args.results}` (`python -m benchmarks.headroom --dmp-step {args.results}`):\n")
+        print(f"Predicted step bound of each task of `{args.results}` (`python -m studies.headroom --dmp-step {args.results}`):\n")
         print(step_headroom(rows, load_pretrained("cpu")))
         return
-    print(f"Balanced bound of each task of `{args.results}` (`python -m benchmarks.headroom {args.results}`):\n")
+    print(f"Balanced bound of each task of `{args.results}` (`python -m studies.headroom {args.results}`):\n")
     print(headroom(rows))
 
 

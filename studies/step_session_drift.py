@@ -2,7 +2,7 @@
 
     neuroshard collect step --world-sizes 2 --kinds input_dist all_reduce dp dp_small \
         --samples 30 --out runs/step_now.jsonl
-    python -m benchmarks.step_session_drift runs/step_now.jsonl
+    python -m studies.step_session_drift runs/step_now.jsonl
 
 ``collect step`` draws sample i of a kind and world size from (seed, kind, world size, i)
 alone, so a file collected now holds the very samples the shipped data hold, re-measured.

@@ -1,6 +1,6 @@
 """Which table size separates cached from uncached forward lookups of a replicated table?
 
-    python -m benchmarks.dp_cache_knee [--data torchrec_neuroshard/lab/data/cpu_step.jsonl.gz]
+    python -m studies.dp_cache_knee [--data torchrec_neuroshard/lab/data/cpu_step.jsonl.gz]
 
 Fits ``dp_fwd`` (as ``fit_step_parts`` does: non-negative, relative error, train split by
 sample group) with ``lookup_mb_over_cache`` at each candidate knee, and without it, and
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     y = np.asarray([r["fwd_ms"] for r in rows])  # [N]
     lines = [
         f"# dp_fwd: the cached-table knee ({len(rows)} rows of {args.data.name}; validation split, seed {args.seed})\n",
-        f"`python -m benchmarks.dp_cache_knee`; the shipped knee is {DP_CACHED_TABLE_MB:g} MB.\n",
+        f"`python -m studies.dp_cache_knee`; the shipped knee is {DP_CACHED_TABLE_MB:g} MB.\n",
         "| knee MB | validation MAPE % (all) | \"dp\" | \"dp_small\" | coefficients |",
         "|---|---|---|---|---|",
     ]

@@ -1,6 +1,6 @@
 """How far off is the compute model on kernels fusing more tables than its samples held?
 
-    python -m benchmarks.kernel_size_error [--samples 60] [--large 16 32] [--model PATH]
+    python -m studies.kernel_size_error [--samples 60] [--large 16 32] [--model PATH]
 
 Collects two sets of fresh compute samples on this machine, interleaved in chunks so that
 both see the same hour: kernels of 1-15 tables (the shipped data's range; seed 11, draws
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         "# The compute model on kernels of more tables than its samples\n\n"
         f"Date: {datetime.date.today()}, load average {load:.1f} before; model: {args.model or 'shipped cpu.pt'} "
         f"(trained on kernels of up to {model.meta.get('max_tables_per_kernel')} tables). "
-        f"`python -m benchmarks.kernel_size_error --samples {args.samples} --large {args.large[0]} {args.large[1]}"
+        f"`python -m studies.kernel_size_error --samples {args.samples} --large {args.large[0]} {args.large[1]}"
         f"{' --model ' + args.model if args.model else ''}` (one thread, sets interleaved in chunks of {args.chunk}).\n\n"
         + "\n".join(lines) + "\n\n" + "\n".join(size_lines) + "\n"
     )

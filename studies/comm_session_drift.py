@@ -1,6 +1,6 @@
 """Does a world size cost what its stored samples say, measured now beside the others?
 
-    python -m benchmarks.comm_session_drift [--data runs/cpu_comm.jsonl] [--samples 10]
+    python -m studies.comm_session_drift [--data runs/cpu_comm.jsonl] [--samples 10]
 
 Re-measures comm samples 0..N-1 of every world size in the data back to back (same
 machine state for all), and prints per D the median ratio of now / stored fwd+bwd ms: a

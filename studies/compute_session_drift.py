@@ -1,6 +1,6 @@
 """Does a compute sample cost now what its stored row says?
 
-    python -m benchmarks.compute_session_drift [--samples 12]
+    python -m studies.compute_session_drift [--samples 12]
 
 Re-measures the first N samples of the shipped CPU compute data (``collect compute``'s own
 draw, bags and kernel, one thread) and prints, per sample, the stored and the current
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         print(lines[-1], flush=True)
     text = (
         "# Compute drift between sessions\n\n"
-        f"Date: {datetime.date.today()}, load average {load:.1f} before. `python -m benchmarks.compute_session_drift "
+        f"Date: {datetime.date.today()}, load average {load:.1f} before. `python -m studies.compute_session_drift "
         f"--samples {args.samples}` (one thread).\n\n" + "\n".join(lines) + "\n\n"
         f"now / stored: median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}.\n"
     )

@@ -1,8 +1,8 @@
 """Each device's kernels of some dmp_step plans, timed alone and with the other devices'
 kernels running at the same time, as the ranks of a DMP step on one host run them.
 
-    python -m benchmarks.kernel_contention T45_D2_pool0 neuroshard,size_lookup,neuroshard_calibrated
-    python -m benchmarks.kernel_contention all all --out benchmarks/results/kernel_contention.jsonl
+    python -m studies.kernel_contention T45_D2_pool0 neuroshard,size_lookup,neuroshard_calibrated
+    python -m studies.kernel_contention all all --out studies/results/kernel_contention.jsonl
 
 One process per device. Per round and plan: "alone", each device's fused kernels (one per
 lookup group, forward and backward, ``measure_compute``) while the other processes wait;
@@ -26,14 +26,16 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from benchmarks.dmp_ranks import add_task_arguments, stored_plans, task_of
-from benchmarks.dmp_step import StepConfig, feature_groups, with_ebcs, within_task_spearman
+from studies.dmp_ranks import add_task_arguments, stored_plans, task_of
+from torchrec_neuroshard.lab.dmp_model import StepConfig, feature_groups, with_ebcs
+from torchrec_neuroshard.lab.dmp_report import within_task_spearman
 from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.lab.evaluate import lookup_groups, task_lookups
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import Plan, Shard
+from torchrec_neuroshard.lab.collect import read_rows
 
 MODES = ("alone", "together")
 
@@ -136,9 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="jsonl of the rows, appended task by task (resumes)")
     p.add_argument("--model", type=Path, help="a cost model file: also each device's kernels over its predicted compute")
     args = p.parse_args(argv)
-    steps = [json.loads(line) for line in args.results.read_text().splitlines()]
+    steps = read_rows(args.results)
     tasks = sorted({s["task"] for s in steps}) if args.task == "all" else [args.task]
-    done = [json.loads(line) for line in args.out.read_text().splitlines()] if args.out and args.out.exists() else []
+    done = read_rows(args.out) if args.out else []
     rows = list(done)
     for label in tqdm([t for t in tasks if t not in {r["task"] for r in done}], desc="tasks"):
         planners = ",".join(s["planner"] for s in steps if s["task"] == label and "plan" in s) if args.planners == "all" else args.planners

@@ -1,8 +1,8 @@
 """Each rank's embedding time under DMP for some plans of one dmp_step task, beside the
 shipped model's prediction of each device: where a plan the model calls balanced is not.
 
-    python -m benchmarks.dmp_ranks T45_D2_pool0 neuroshard,size_lookup,neuroshard_calibrated \
-        --results benchmarks/results/dmp_step_calibrated.jsonl
+    python -m studies.dmp_ranks T45_D2_pool0 neuroshard,size_lookup,neuroshard_calibrated \
+        --results benchmarks/results/dmp_step_modules_final.jsonl.gz
 
 Re-runs the plans a ``benchmarks.dmp_step`` results file recorded for the task (same task,
 model and batches as there, ``--steps`` interleaved steps) and prints, per plan and rank,
@@ -15,20 +15,21 @@ EmbeddingBagCollection runs its own kernels).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import statistics
 from pathlib import Path
 
 import torch
 
-from benchmarks.dmp_step import PlannedTask, StepConfig, StepModel, _worker, generated_tasks, task_bags, with_ebcs
+from torchrec_neuroshard.lab.dmp_model import StepConfig, StepModel, generated_tasks, task_bags, with_ebcs
+from torchrec_neuroshard.lab.dmp_measure import PlannedTask, _worker
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import Plan, ShardingError, Task
+from torchrec_neuroshard.lab.collect import read_rows
 
 HERE = Path(__file__).parent
 
@@ -49,12 +50,12 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     """A dmp_step task label, planner names and the results file holding their plans."""
     parser.add_argument("task", help="a dmp_step task label, e.g. T45_D2_pool0")
     parser.add_argument("planners", help="comma-separated planner names of that results file")
-    parser.add_argument("--results", type=Path, default=HERE / "results" / "dmp_step_calibrated.jsonl")
+    parser.add_argument("--results", type=Path, default=HERE.parent / "benchmarks" / "results" / "dmp_step_modules_final.jsonl.gz")
 
 
 def stored_plans(results: Path, task: str, planners: str) -> dict[str, Plan]:
     """The plans ``results`` recorded for ``task`` by the comma-separated ``planners``."""
-    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    rows = read_rows(results)
     wanted = planners.split(",")
     plans = {r["planner"]: Plan.from_dict(r["plan"]) for r in rows if r["task"] == task and r["planner"] in wanted}
     missing = sorted(set(wanted) - set(plans))

@@ -1,6 +1,6 @@
 """What a predicted millisecond of replication costs in the measured DMP step.
 
-    python -m benchmarks.replication_worth benchmarks/results/dmp_step_heldout.jsonl ...
+    python -m studies.replication_worth benchmarks/results/dmp_step_heldout.jsonl.gz ...
 
 For every plan of each ``benchmarks.dmp_step`` run, the shipped model prices the step
 (``stepcost.predict_step``) and splits the slowest device's predicted cost in two: what
@@ -26,11 +26,11 @@ interleaved with the shipped one): an experiment, fitted on those runs, to measu
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+from torchrec_neuroshard.lab.collect import read_rows
 
 if TYPE_CHECKING:
     from torchrec_neuroshard.costmodel import NeuralCostModel
@@ -41,8 +41,8 @@ REPLICATION_PARTS = ("dp_fwd", "dp_bwd", "all_reduce")
 def priced_rows(rows: Sequence[dict], model: "NeuralCostModel") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """[N, tasks + 2] design (task one-hots, rest ms, replication ms), [N] measured step ms and
     [N] the predicted step with the all-reduce hidden behind the sharded backward."""
-    from benchmarks.dmp_ranks import task_of
-    from benchmarks.dmp_step import StepConfig, with_ebcs
+    from studies.dmp_ranks import task_of
+    from torchrec_neuroshard.lab.dmp_model import StepConfig, with_ebcs
     from torchrec_neuroshard.stepcost import predict_step
     from torchrec_neuroshard.types import Plan
 
@@ -80,7 +80,7 @@ def fit(design: np.ndarray, step: np.ndarray, draws: int = 500, seed: int = 0) -
 
 def within_task_spearman(design: np.ndarray, step: np.ndarray, predicted: np.ndarray) -> float:
     """Median over tasks (the one-hot columns) of ``dmp_step.within_task_spearman``."""
-    from benchmarks.dmp_step import within_task_spearman as per_task
+    from torchrec_neuroshard.lab.dmp_report import within_task_spearman as per_task
 
     keys = list(enumerate(design[:, :-2].argmax(1)))  # (row, task)
     by_task = per_task({(t, i): predicted[i] for i, t in keys}, {(t, i): step[i] for i, t in keys})
@@ -95,12 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     from torchrec_neuroshard.costmodel import load_pretrained
 
     model = load_pretrained("cpu")
-    print(f"`python -m benchmarks.replication_worth {' '.join(map(str, args.results))}`\n")
+    print(f"`python -m studies.replication_worth {' '.join(map(str, args.results))}`\n")
     print("| run | plans | with replication | rest weight | replication weight | replication / rest | within-task Spearman: as priced / all-reduce hidden |")
     print("|---|---|---|---|---|---|---|")
     ratios = []
     for path in args.results:
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = read_rows(path)
         design, step, hidden = priced_rows(rows, model)
         w = fit(design, step)
         cells = " | ".join(f"{e:.2f} ({lo:.2f}-{hi:.2f})" for e, lo, hi in w.values())

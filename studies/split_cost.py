@@ -1,6 +1,6 @@
 """What does splitting one table by columns cost the step, measured and predicted?
 
-    python -m benchmarks.split_cost [--tasks 0 4 8] [--rounds 5]
+    python -m studies.split_cost [--tasks 0 4 8] [--rounds 5]
 
 For tasks of the evaluator suite (benchmarks/tasks/step_suite.json), the lookup
 heuristic's plan of whole tables is measured beside the same plan with its widest table on
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", type=int, nargs="+", default=[0, 4, 8])
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    tasks = Task.load_all(HERE / "tasks" / "step_suite.json")
+    tasks = Task.load_all(HERE.parent / "benchmarks" / "tasks" / "step_suite.json")
     model = load_pretrained("cpu")
     lines = [
         "| task | D | plan | measured ms (IQR) | input comm ms | fwd comm ms | bwd comm ms | predicted ms | predicted input / fwd / bwd comm ms |",
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"{med([d.bwd_comm for d in pred.devices]):.1f} |"
             )
             print(lines[-1], flush=True)
-    command = "python -m benchmarks.split_cost --tasks " + " ".join(map(str, args.tasks)) + f" --rounds {args.rounds}"
+    command = "python -m studies.split_cost --tasks " + " ".join(map(str, args.tasks)) + f" --rounds {args.rounds}"
     text = (
         "# The cost of one column split\n\n"
         f"Date: {datetime.date.today()}, load average {os.getloadavg()[0]:.1f} at the end. `{command}` (lab/evaluate.py, plans interleaved; comm medians over devices; "

@@ -6,7 +6,7 @@ expected unique ids: V_c. Non-negative least squares finds the mix of normalised
 reproduces the published reuse histogram; a table's probability of drawing c is
 proportional to m_c / |V_c|. Prints the constant to paste into workloads.py.
 
-    python -m benchmarks.fit_reuse_mixture
+    python -m studies.fit_reuse_mixture
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ model were one sharded module), and each sharded module paid at its slowest devi
 sum over modules of the max over devices: each EmbeddingBagCollection's collectives hold
 every rank until the slowest arrives, which ``stepcost.predict_step`` now prices).
 
-    python -m benchmarks.module_sync benchmarks/results/dmp_step_calibrated.jsonl \
+    python -m studies.module_sync benchmarks/results/dmp_step_modules_final.jsonl.gz \
         --calibrated benchmarks/results/calibrated_2026-11-26/cpu_calibrated_full.pt
 
 Reads the plans and step times a ``benchmarks.dmp_step`` results file recorded (generated
@@ -16,15 +16,16 @@ measurement's own (odd vs even timed steps).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
-from benchmarks.dmp_ranks import task_of
-from benchmarks.dmp_step import StepConfig, with_ebcs, within_task_spearman
+from studies.dmp_ranks import task_of
+from torchrec_neuroshard.lab.dmp_model import StepConfig, with_ebcs
+from torchrec_neuroshard.lab.dmp_report import within_task_spearman
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import Plan
+from torchrec_neuroshard.lab.collect import read_rows
 
 PRICINGS = ("devices only", "each module's slowest device")
 
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("results", type=Path, help="a benchmarks.dmp_step results file (.jsonl)")
     p.add_argument("--calibrated", type=Path, help="a model file made by `neuroshard calibrate`: priced by it too")
     args = p.parse_args(argv)
-    rows = [r for r in map(json.loads, args.results.read_text().splitlines()) if r.get("status") == "ok"]
+    rows = [r for r in read_rows(args.results) if r.get("status") == "ok"]
     models = {"shipped cpu.pt": load_pretrained("cpu")}
     if args.calibrated:
         models[f"calibrated {args.calibrated.name}"] = NeuralCostModel.load(args.calibrated)
