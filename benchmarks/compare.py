@@ -211,14 +211,23 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     prefix = "" if name == "compare" else f"{name}_"
     by_task: dict[int, dict[str, dict]] = {}
     for r in rows:
         by_task.setdefault(r["task"], {})[r["planner"]] = r
-    sizes = sorted({(r["tables"], r["devices"]) for r in rows})
+    paths = [_cost_bars(by_task, planners, out_dir / f"{prefix}cost_by_planner.png")]
+    both = [t for t, p in by_task.items() if p.get("neuroshard", {}).get("status") == "ok" and p.get("torchrec", {}).get("status") == "ok"]
+    if both:
+        t = max(both, key=lambda t: by_task[t]["torchrec"]["devices"])
+        paths.append(_breakdown(t, by_task[t], out_dir / f"{prefix}per_device_breakdown.png"))
+    return paths
+
+
+def _cost_bars(by_task: dict[int, dict[str, dict]], planners: Sequence[str], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sizes = sorted({(r["tables"], r["devices"]) for p in by_task.values() for r in p.values()})
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(planners)
     for k, name in enumerate(planners):
@@ -238,34 +247,33 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
     ax.legend(ncol=4, fontsize=8)
     ax.set_title("Measured embedding cost relative to TorchRec's planner (geomean over tasks)")
     fig.tight_layout()
-    bars = out_dir / f"{prefix}cost_by_planner.png"
-    fig.savefig(bars, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
-    both = [t for t, p in by_task.items() if p.get("neuroshard", {}).get("status") == "ok" and p.get("torchrec", {}).get("status") == "ok"]
-    paths = [bars]
-    if both:
-        t = max(both, key=lambda t: by_task[t]["torchrec"]["devices"])
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        parts = ("fwd compute", "bwd compute", "fwd comm", "bwd comm")
-        for ax, name in zip(axes, ("neuroshard", "torchrec")):
-            per = np.asarray(by_task[t][name]["per_device"])
-            bottom = np.zeros(len(per))
-            for j, label in enumerate(parts):
-                ax.bar(np.arange(len(per)), per[:, j], bottom=bottom, label=label)
-                bottom += per[:, j]
-            ax.set_title(f"{LABELS[name]}: {by_task[t][name]['cost_ms']:.1f} ms")
-            ax.set_xticks(np.arange(len(per)))
-            ax.set_xlabel("device")
-        axes[0].set_ylabel("measured ms")
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"Per-device measured cost, task {t} (T={by_task[t]['torchrec']['tables']}, D={by_task[t]['torchrec']['devices']})")
-        fig.tight_layout()
-        breakdown = out_dir / f"{prefix}per_device_breakdown.png"
-        fig.savefig(breakdown, dpi=110)
-        plt.close(fig)
-        paths.append(breakdown)
-    return paths
+
+def _breakdown(task: int, plans: dict[str, dict], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    parts = ("fwd compute", "bwd compute", "fwd comm", "bwd comm")
+    for ax, name in zip(axes, ("neuroshard", "torchrec")):
+        per = np.asarray(plans[name]["per_device"])
+        bottom = np.zeros(len(per))
+        for j, label in enumerate(parts):
+            ax.bar(np.arange(len(per)), per[:, j], bottom=bottom, label=label)
+            bottom += per[:, j]
+        ax.set_title(f"{LABELS[name]}: {plans[name]['cost_ms']:.1f} ms")
+        ax.set_xticks(np.arange(len(per)))
+        ax.set_xlabel("device")
+    axes[0].set_ylabel("measured ms")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Per-device measured cost, task {task} (T={plans['torchrec']['tables']}, D={plans['torchrec']['devices']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(rows: Sequence[dict], out_dir: Path, note: str = "", name: str = "compare", planners: Sequence[str] = PLANNERS) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch
 
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
+from torchrec_neuroshard.lab.planners import geomean
 from torchrec_neuroshard.types import Plan, Task
 
 HERE = Path(__file__).parent
@@ -111,15 +111,26 @@ def measure(out_dir: Path, path: Path = PLANS, deadline_s: float = 300.0, repeat
 # ---------------------------------------------------------------- here: report
 
 
-def _geomean(xs: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
+def _model_accuracy(device_pred: list[float], device_meas: list[float]) -> list[str]:
+    """The stored prediction of every measured device against its measurement."""
+    from scipy.stats import spearmanr
+
+    pairs = [(p, m) for p, m in zip(device_pred, device_meas) if m > 0]
+    if not pairs:
+        return []
+    mape = statistics.fmean(abs(p - m) / m for p, m in pairs)
+    rho = spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic
+    return [
+        f"The H200 compute model's prediction of these devices, as stored by `prepare` (the fp32-only h200.pt "
+        f"that planned them; it prices column shards only: a device holding row blocks or replicas is "
+        f"under-predicted): MAPE {100 * mape:.1f}%, Spearman {rho:.3f} over "
+        f"{len(pairs)} devices."
+    ]
 
 
 def report(path: Path = MEASURED) -> str:
     """The table: per device the median over measurement rounds, a plan's compute the max
     over its devices; the spread is the range of the plan's per-round compute."""
-    from scipy.stats import spearmanr
-
     rows = read_rows(path)
     gpu = rows[0]["gpu"]
     runs: dict[int, dict[str, list[dict]]] = {}
@@ -164,21 +175,12 @@ def report(path: Path = MEASURED) -> str:
     lines += [
         "",
         "Geometric mean of measured compute / TorchRec's: "
-        + ", ".join(f"{n} {_geomean(v):.3f}" for n, v in ratios.items() if v)
+        + ", ".join(f"{n} {geomean(v):.3f}" for n, v in ratios.items() if v)
         + f". Median spread over rounds {100 * statistics.median(spreads):.1f}% (max {100 * max(spreads):.1f}%).",
         f"NeuroShard's compute part at or below every heuristic's on {wins} of {len(runs)} tasks "
         "(heuristics that failed to plan a task are left out of that task).",
     ]
-    pairs = [(p, m) for p, m in zip(device_pred, device_meas) if m > 0]
-    if pairs:
-        mape = statistics.fmean(abs(p - m) / m for p, m in pairs)
-        rho = spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic
-        lines.append(
-            f"The H200 compute model's prediction of these devices, as stored by `prepare` (the fp32-only h200.pt "
-            f"that planned them; it prices column shards only: a device holding row blocks or replicas is "
-            f"under-predicted): MAPE {100 * mape:.1f}%, Spearman {rho:.3f} over "
-            f"{len(pairs)} devices."
-        )
+    lines += _model_accuracy(device_pred, device_meas)
     return "\n".join(lines)
 
 
