@@ -6,7 +6,7 @@ TORCHREC_VERSION ?= 1.8.0
 BIN := $(VENV)/bin
 NPROC ?= 2
 
-.PHONY: venv test demo bench data model clean
+.PHONY: venv test test-fast demo bench data model clean
 
 venv: $(VENV)/.installed
 
@@ -21,6 +21,10 @@ $(VENV)/.installed: $(REQUIREMENTS) setup.py
 
 test: venv
 	$(BIN)/python -m pytest -q tests
+
+# The unit tier (pytest.ini): no ranks, no timing, nothing slow; under a minute on 2 cores.
+test-fast: venv
+	$(BIN)/python -m pytest -q -m unit tests
 
 demo: venv
 	PYTHONWARNINGS=ignore $(BIN)/torchrun --standalone --nproc_per_node $(NPROC) examples/dlrm_torchrun.py --planner neuroshard,torchrec

@@ -23,40 +23,27 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
-import math
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from tqdm import tqdm
 
-from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
-from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
-from torchrec_neuroshard.lab.collect import hardware, read_rows
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
-from torchrec_neuroshard.hardware import model_vs_machine
+from torchrec_neuroshard.heuristics import BASELINES
+from torchrec_neuroshard.lab.collect import hardware, read_rows
 from torchrec_neuroshard.lab.evaluate import evaluate_plans
 from torchrec_neuroshard.lab.launch import default_device
-from torchrec_neuroshard.search import SearchConfig, default_scales, search
-from torchrec_neuroshard.sharding import from_torchrec
-from torchrec_neuroshard.tables import sharder_choices
-from torchrec_neuroshard.types import Plan, ShardingError, Task
+from torchrec_neuroshard.lab.planners import CALIBRATED, RIVALS, CalibratedModel, check_machine, calibrated_files, geomean, plan_task
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.types import ShardingError, Task
 
 HERE = Path(__file__).parent
 SUITE_SIZES = ((20, 2), (40, 4), (60, 4), (80, 8))
 PLANNERS = ("neuroshard", "neuroshard_nolocal", "neuroshard_prototype", "torchrec", "torchrec_neural", *BASELINES)
-CALIBRATED = "neuroshard_calibrated"
-"""NeuroShard's search with a calibrated model file (``--calibrated``): not in PLANNERS,
-the option adds it."""
-RIVALS = {"neuroshard": CALIBRATED, CALIBRATED: "neuroshard"}
-"""The NeuroShard variant each one's "fastest / cheapest of all planners" leaves out."""
-SHA256_PREFIX = 16
 LABELS = {
     "neuroshard": "NeuroShard",
     CALIBRATED: "NeuroShard, calibrated model",
@@ -96,82 +83,6 @@ def save_suite(tasks: Sequence[Task], path: Path) -> None:
 
 def load_suite(path: Path) -> list[Task]:
     return Task.load_all(path)
-
-
-@dataclass(frozen=True)
-class CalibratedModel:
-    """A model file made by ``neuroshard calibrate``: what plans the ``neuroshard_calibrated``
-    rows, each of which records its path and sha256 prefix (``record``)."""
-
-    path: Path
-    sha256: str
-    model: NeuralCostModel
-
-    @staticmethod
-    def load(path: Path) -> "CalibratedModel":
-        model = NeuralCostModel.load(path)
-        if "calibration" not in model.meta:
-            raise ShardingError(
-                f"{path} is not a calibrated model (its meta has no 'calibration' record); make one on this "
-                f"machine with `neuroshard calibrate --out {path}`"
-            )
-        return CalibratedModel(Path(path), hashlib.sha256(Path(path).read_bytes()).hexdigest(), model)
-
-    def record(self) -> dict:
-        return {"path": str(self.path), "sha256": self.sha256[:SHA256_PREFIX]}
-
-    def check_resumes(self, rows: Sequence[dict], results: Path) -> None:
-        """Refuse to add rows to a results file whose calibrated rows another file planned."""
-        others = {json.dumps(r["cost_model_file"]) for r in rows if r.get("cost_model_file", self.record()) != self.record()}
-        if others:
-            raise ShardingError(
-                f"{results} holds {CALIBRATED} rows planned by {sorted(others)}, not by {self.record()}; pass that "
-                "model file to --calibrated to resume, or --name a new results file"
-            )
-
-
-def check_machine(model: NeuralCostModel, allow_mismatch: bool, which: str = "") -> None:
-    """Print the model's hardware beside this machine's (``model_vs_machine``); a mismatch
-    is an error unless ``allow_mismatch``. ``which`` names the model in both."""
-    line, why = model_vs_machine(model.hardware, default_device().type)
-    print(f"{which}{line}")
-    if why:
-        if not allow_mismatch:
-            raise ShardingError(f"{which}{why}. Or pass --allow-mismatch to measure the mismatch itself")
-        print(f"WARNING (--allow-mismatch): {which}{why}")
-
-
-def calibrated_files(rows: Sequence[dict]) -> str:
-    """The model files (path, sha256 prefix) that planned the calibrated rows, as text."""
-    files = dict.fromkeys(f"`{r['cost_model_file']['path']}` (sha256 {r['cost_model_file']['sha256']})" for r in rows if "cost_model_file" in r)
-    return ", ".join(files) or "an unrecorded model file"
-
-
-def plan_task(name: str, task: Task, model: NeuralCostModel, calibrated: NeuralCostModel | None = None) -> Plan:
-    """``name``'s plan of ``task``; NeuroShard's variants search with ``model`` (the shipped
-    one) or ``calibrated`` (``neuroshard_calibrated``)."""
-    device_type = default_device().type
-    choices = sharder_choices(task.tables, device_type)  # what TorchRec's default sharder offers here
-    if name == "neuroshard":
-        return search(task, model, choices=choices).plan
-    if name == CALIBRATED:
-        if calibrated is None:
-            raise ShardingError(f"{CALIBRATED} plans with a calibrated model file: pass --calibrated PATH")
-        return search(task, calibrated, choices=choices).plan
-    if name == "neuroshard_nolocal":
-        return search(task, model, SearchConfig(local_search=False), choices).plan
-    if name == "neuroshard_prototype":
-        # the published algorithm alone: no baseline seeding, no local pass, no
-        # unconstrained last grid point
-        config = SearchConfig(scales=default_scales()[:-1], local_search=False, seed_with_baselines=False)
-        return search(task, model, config, choices).plan
-    if name == "torchrec":
-        return from_torchrec(torchrec_plan(task, device_type), task.num_devices)
-    if name == "torchrec_neural":
-        return from_torchrec(torchrec_plan(task, device_type, neural=model), task.num_devices)
-    if name == "torchrec_default_memory":
-        return from_torchrec(torchrec_plan(task, device_type, default_memory=True), task.num_devices)
-    return baseline_plan(name, task)
 
 
 def run(
@@ -232,10 +143,6 @@ def _with_fallbacks(planners: Sequence[str], rows: list[dict]):
     torchrec = next((r for r in rows if r["planner"] == "torchrec"), None)
     if torchrec is not None and torchrec.get("status", "").startswith("invalid"):
         yield "torchrec_default_memory"
-
-
-def geomean(xs: Sequence[float]) -> float:
-    return math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")
 
 
 def summarize(rows: Sequence[dict], planners: Sequence[str] = PLANNERS) -> tuple[str, dict]:
@@ -304,14 +211,23 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
     prefix = "" if name == "compare" else f"{name}_"
     by_task: dict[int, dict[str, dict]] = {}
     for r in rows:
         by_task.setdefault(r["task"], {})[r["planner"]] = r
-    sizes = sorted({(r["tables"], r["devices"]) for r in rows})
+    paths = [_cost_bars(by_task, planners, out_dir / f"{prefix}cost_by_planner.png")]
+    both = [t for t, p in by_task.items() if p.get("neuroshard", {}).get("status") == "ok" and p.get("torchrec", {}).get("status") == "ok"]
+    if both:
+        t = max(both, key=lambda t: by_task[t]["torchrec"]["devices"])
+        paths.append(_breakdown(t, by_task[t], out_dir / f"{prefix}per_device_breakdown.png"))
+    return paths
+
+
+def _cost_bars(by_task: dict[int, dict[str, dict]], planners: Sequence[str], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sizes = sorted({(r["tables"], r["devices"]) for p in by_task.values() for r in p.values()})
     fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(planners)
     for k, name in enumerate(planners):
@@ -331,34 +247,33 @@ def plot(rows: Sequence[dict], out_dir: Path, planners: Sequence[str] = PLANNERS
     ax.legend(ncol=4, fontsize=8)
     ax.set_title("Measured embedding cost relative to TorchRec's planner (geomean over tasks)")
     fig.tight_layout()
-    bars = out_dir / f"{prefix}cost_by_planner.png"
-    fig.savefig(bars, dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
-    both = [t for t, p in by_task.items() if p.get("neuroshard", {}).get("status") == "ok" and p.get("torchrec", {}).get("status") == "ok"]
-    paths = [bars]
-    if both:
-        t = max(both, key=lambda t: by_task[t]["torchrec"]["devices"])
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        parts = ("fwd compute", "bwd compute", "fwd comm", "bwd comm")
-        for ax, name in zip(axes, ("neuroshard", "torchrec")):
-            per = np.asarray(by_task[t][name]["per_device"])
-            bottom = np.zeros(len(per))
-            for j, label in enumerate(parts):
-                ax.bar(np.arange(len(per)), per[:, j], bottom=bottom, label=label)
-                bottom += per[:, j]
-            ax.set_title(f"{LABELS[name]}: {by_task[t][name]['cost_ms']:.1f} ms")
-            ax.set_xticks(np.arange(len(per)))
-            ax.set_xlabel("device")
-        axes[0].set_ylabel("measured ms")
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"Per-device measured cost, task {t} (T={by_task[t]['torchrec']['tables']}, D={by_task[t]['torchrec']['devices']})")
-        fig.tight_layout()
-        breakdown = out_dir / f"{prefix}per_device_breakdown.png"
-        fig.savefig(breakdown, dpi=110)
-        plt.close(fig)
-        paths.append(breakdown)
-    return paths
+
+def _breakdown(task: int, plans: dict[str, dict], path: Path) -> Path:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    parts = ("fwd compute", "bwd compute", "fwd comm", "bwd comm")
+    for ax, name in zip(axes, ("neuroshard", "torchrec")):
+        per = np.asarray(plans[name]["per_device"])
+        bottom = np.zeros(len(per))
+        for j, label in enumerate(parts):
+            ax.bar(np.arange(len(per)), per[:, j], bottom=bottom, label=label)
+            bottom += per[:, j]
+        ax.set_title(f"{LABELS[name]}: {plans[name]['cost_ms']:.1f} ms")
+        ax.set_xticks(np.arange(len(per)))
+        ax.set_xlabel("device")
+    axes[0].set_ylabel("measured ms")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Per-device measured cost, task {task} (T={plans['torchrec']['tables']}, D={plans['torchrec']['devices']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_report(rows: Sequence[dict], out_dir: Path, note: str = "", name: str = "compare", planners: Sequence[str] = PLANNERS) -> str:

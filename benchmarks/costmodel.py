@@ -110,6 +110,37 @@ def main(argv: list[str] | None = None) -> None:
     seed = int(model.meta.get("seed", 0))
     rows = [r for path in args.data for r in read_rows(path)]
 
+    test_rows = _compute_table(model, rows, seed, device)
+
+    if model.comm is None:
+        print(
+            "\nThis model is compute-only (measured on one GPU; planning pairs it with the "
+            "alpha-beta comm stand-in from the topology)."
+        )
+    elif not any(True for _ in iter_kind(rows, "comm")):
+        print("\nNo comm samples in --data: the comm model is not scored.")
+    else:
+        _comm_tables(args, model, rows, seed)
+    here = local_hardware(device)
+    quiet = here is not None and mismatch is None
+    if model.step_parts is None or not any(r.get("kind") in ("input_dist", "dp") for r in rows):
+        print("\nNo step parts in this model or no `collect step` samples in --data: the step parts are not scored.")
+    else:
+        noise = step_noise(args.step_noise_world_size, args.step_noise_samples, args.noise_trials) if quiet and args.step_noise_samples else None
+        _step_tables(args, model, rows, seed, noise)
+    if args.noise_samples and quiet:
+        _noise(args)
+    elif args.noise_samples:
+        print(
+            f"\nNoise floor: not measured, this machine is not the model's ({line}); see the noise "
+            "floor in the model's datasheet (torchrec_neuroshard/lab/data/DATASHEET*.md)"
+        )
+    _inference_speed(args, model, test_rows)
+
+
+def _compute_table(model: NeuralCostModel, rows: list[dict], seed: int, device: str) -> list[dict]:
+    """Print the compute model's table (ours, TorchRec's estimator, sequence kernels, each
+    weight dtype) on the test split; returns the test split's pooled kernel rows."""
     cdata = load_compute_data(rows)
     _, _, test = split_by_group(cdata.group, seed)
     ours = compute_metrics(model.compute_net, model.compute_norm, cdata.subset(test))
@@ -141,31 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         for name in sorted(set(precision)):
             keep = torch.tensor([p == name for p in precision])
             print(f"| NeuroShard, {name} kernels only ({int(keep.sum())}) | {mape(total[keep], truth[keep]):.1f} | {spearman(total[keep], truth[keep]):.3f} | - | - | - |")
-
-    if model.comm is None:
-        print(
-            "\nThis model is compute-only (measured on one GPU; planning pairs it with the "
-            "alpha-beta comm stand-in from the topology)."
-        )
-    elif not any(True for _ in iter_kind(rows, "comm")):
-        print("\nNo comm samples in --data: the comm model is not scored.")
-    else:
-        _comm_tables(args, model, rows, seed)
-    here = local_hardware(device)
-    quiet = here is not None and mismatch is None
-    if model.step_parts is None or not any(r.get("kind") in ("input_dist", "dp") for r in rows):
-        print("\nNo step parts in this model or no `collect step` samples in --data: the step parts are not scored.")
-    else:
-        noise = step_noise(args.step_noise_world_size, args.step_noise_samples, args.noise_trials) if quiet and args.step_noise_samples else None
-        _step_tables(args, model, rows, seed, noise)
-    if args.noise_samples and quiet:
-        _noise(args)
-    elif args.noise_samples:
-        print(
-            f"\nNoise floor: not measured, this machine is not the model's ({line}); see the noise "
-            "floor in the model's datasheet (torchrec_neuroshard/lab/data/DATASHEET*.md)"
-        )
-    _inference_speed(args, model, test_rows)
+    return test_rows
 
 
 def _comm_tables(args: argparse.Namespace, model: NeuralCostModel, rows: list[dict], seed: int) -> None:

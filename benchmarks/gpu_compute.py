@@ -22,8 +22,8 @@ NOT in these figures (one GPU).
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
-import math
 import statistics
 import time
 from pathlib import Path
@@ -31,11 +31,13 @@ from pathlib import Path
 import torch
 
 from torchrec_neuroshard.heuristics import BASELINES
+from torchrec_neuroshard.lab.collect import append_rows, read_rows
+from torchrec_neuroshard.lab.planners import geomean
 from torchrec_neuroshard.types import Plan, Task
 
 HERE = Path(__file__).parent
-PLANS = HERE / "results" / "gpu_plans.json"
-MEASURED = HERE / "results" / "gpu_compute.jsonl"
+PLANS = HERE / "results" / "gpu_plans.json.gz"
+MEASURED = HERE / "results" / "gpu_compute.jsonl.gz"
 SIZES = ((20, 4), (40, 4), (40, 8), (60, 8))
 SEEDS = (0, 1)
 PLANNERS = ("neuroshard", "torchrec", *BASELINES)
@@ -70,7 +72,8 @@ def prepare(path: Path = PLANS, scale: object = None, sizes: tuple[tuple[int, in
                 entry["predicted_compute_ms"][name] = [d.fwd_compute + d.bwd_compute for d in per_device]
             out.append(entry)
             print(f"T={tables} D={devices} seed {seed}: planned {sorted(entry['plans'])}, failed {sorted(entry['errors'])}")
-    path.write_text(json.dumps(out))
+    with gzip.open(path, "wt") as f:
+        json.dump(out, f)
     print(f"wrote {path}")
 
 
@@ -85,40 +88,50 @@ def measure(out_dir: Path, path: Path = PLANS, deadline_s: float = 300.0, repeat
     device = default_device()
     name = local_hardware(device.type).name
     t0 = time.perf_counter()
-    entries = json.loads(path.read_text())
+    with gzip.open(path, "rt") as f:
+        entries = json.load(f)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "gpu_compute.jsonl", "a") as f:
-        for i, entry in enumerate(entries):
-            task = Task.from_json(json.dumps(entry["task"]))
-            lookups = task_lookups(task)
-            plans = {k: Plan.from_dict(v) for k, v in entry["plans"].items()}
-            for k, plan in plans.items():  # the evaluator's compute half: every device's kernels
-                groups, replicated = lookup_groups(task, plan, [[t.name for t in task.tables]])
-                per_device = _measure_compute_round(task, groups, replicated, lookups, device, 3, repeats)
-                row = {"task": i, "tables": len(task.tables), "devices": task.num_devices, "planner": k,
-                       "measured_ms": [fwd + bwd for fwd, bwd in per_device],
-                       "predicted_ms": entry["predicted_compute_ms"][k], "gpu": name, "torch": torch.__version__}
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                if time.perf_counter() - t0 > deadline_s:
-                    print(f"deadline reached in task {i} after {k}; stopping", flush=True)
-                    return
-            print(f"task {i} (T={len(task.tables)}, D={task.num_devices}) measured, {time.perf_counter() - t0:.0f} s", flush=True)
+    for i, entry in enumerate(entries):
+        task = Task.from_json(json.dumps(entry["task"]))
+        lookups = task_lookups(task)
+        plans = {k: Plan.from_dict(v) for k, v in entry["plans"].items()}
+        for k, plan in plans.items():  # the evaluator's compute half: every device's kernels
+            groups, replicated = lookup_groups(task, plan, [[t.name for t in task.tables]])
+            per_device = _measure_compute_round(task, groups, replicated, lookups, device, 3, repeats)
+            row = {"task": i, "tables": len(task.tables), "devices": task.num_devices, "planner": k,
+                   "measured_ms": [fwd + bwd for fwd, bwd in per_device],
+                   "predicted_ms": entry["predicted_compute_ms"][k], "gpu": name, "torch": torch.__version__}
+            append_rows(out_dir / MEASURED.name, [row])
+            if time.perf_counter() - t0 > deadline_s:
+                print(f"deadline reached in task {i} after {k}; stopping", flush=True)
+                return
+        print(f"task {i} (T={len(task.tables)}, D={task.num_devices}) measured, {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 # ---------------------------------------------------------------- here: report
 
 
-def _geomean(xs: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
+def _model_accuracy(device_pred: list[float], device_meas: list[float]) -> list[str]:
+    """The stored prediction of every measured device against its measurement."""
+    from scipy.stats import spearmanr
+
+    pairs = [(p, m) for p, m in zip(device_pred, device_meas) if m > 0]
+    if not pairs:
+        return []
+    mape = statistics.fmean(abs(p - m) / m for p, m in pairs)
+    rho = spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic
+    return [
+        f"The H200 compute model's prediction of these devices, as stored by `prepare` (the fp32-only h200.pt "
+        f"that planned them; it prices column shards only: a device holding row blocks or replicas is "
+        f"under-predicted): MAPE {100 * mape:.1f}%, Spearman {rho:.3f} over "
+        f"{len(pairs)} devices."
+    ]
 
 
 def report(path: Path = MEASURED) -> str:
     """The table: per device the median over measurement rounds, a plan's compute the max
     over its devices; the spread is the range of the plan's per-round compute."""
-    from scipy.stats import spearmanr
-
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_rows(path)
     gpu = rows[0]["gpu"]
     runs: dict[int, dict[str, list[dict]]] = {}
     for r in rows:
@@ -162,28 +175,19 @@ def report(path: Path = MEASURED) -> str:
     lines += [
         "",
         "Geometric mean of measured compute / TorchRec's: "
-        + ", ".join(f"{n} {_geomean(v):.3f}" for n, v in ratios.items() if v)
+        + ", ".join(f"{n} {geomean(v):.3f}" for n, v in ratios.items() if v)
         + f". Median spread over rounds {100 * statistics.median(spreads):.1f}% (max {100 * max(spreads):.1f}%).",
         f"NeuroShard's compute part at or below every heuristic's on {wins} of {len(runs)} tasks "
         "(heuristics that failed to plan a task are left out of that task).",
     ]
-    pairs = [(p, m) for p, m in zip(device_pred, device_meas) if m > 0]
-    if pairs:
-        mape = statistics.fmean(abs(p - m) / m for p, m in pairs)
-        rho = spearmanr([p for p, _ in pairs], [m for _, m in pairs]).statistic
-        lines.append(
-            f"The H200 compute model's prediction of these devices, as stored by `prepare` (the fp32-only h200.pt "
-            f"that planned them; it prices column shards only: a device holding row blocks or replicas is "
-            f"under-predicted): MAPE {100 * mape:.1f}%, Spearman {rho:.3f} over "
-            f"{len(pairs)} devices."
-        )
+    lines += _model_accuracy(device_pred, device_meas)
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("step", choices=["prepare", "measure", "report"])
-    p.add_argument("--out", type=Path, default=HERE / "results", help="measure: folder for gpu_compute.jsonl")
+    p.add_argument("--out", type=Path, default=HERE / "results", help="measure: folder for gpu_compute.jsonl.gz")
     p.add_argument("--deadline-s", type=float, default=300.0)
     args = p.parse_args(argv)
     if args.step == "prepare":

@@ -43,7 +43,7 @@ from benchmarks.fullsize import TORCHREC_CONFIGS, plan_with
 from torchrec_neuroshard.costmodel import cost_model_for
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.heuristics import BASELINES
-from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.evaluate import _local_lookups, device_kernel, lookup_groups, task_lookups
 from torchrec_neuroshard.lab.measure_compute import build_kernel, concat_lookups, cpu_threads, measure_replicated_compute, time_forward_backward
 from torchrec_neuroshard.lab.published_comm import modelled_comm
@@ -54,8 +54,8 @@ from torchrec_neuroshard.types import Links, Plan, ShardingKind, Task
 
 HERE = Path(__file__).parent
 PLANS_DIR = HERE.parent / "runs" / "scale"
-PLANNED = HERE / "results" / "scale_planned.jsonl"
-MEASURED = HERE / "results" / "scale_measured.jsonl"
+PLANNED = HERE / "results" / "scale_planned.jsonl.gz"
+MEASURED = HERE / "results" / "scale_measured.jsonl.gz"
 DEVICES = (8, 16, 32, 64, 128)
 SEED = 1
 PLANNERS = ("neuroshard", *TORCHREC_CONFIGS, *BASELINES)
@@ -100,8 +100,7 @@ def plan_all(num_devices: int, torchrec_timeout: int, planners: Sequence[str] = 
             row.setdefault("planning_s", round(time.perf_counter() - t0, 2))
             row["status"] = f"no plan: {type(e).__name__}: {str(e)[:300]}"
         print(json.dumps({k: v for k, v in row.items() if k != "predicted_compute_ms"}), flush=True)
-        with open(PLANNED, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_rows(PLANNED, [row])
     PLANS_DIR.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"task": json.loads(task.to_json()), "plans": plans}))
 
@@ -166,17 +165,14 @@ def measure_all(num_devices: int, rounds: int, lookups: dict) -> None:
     plans = {name: Plan.from_dict(p) for name, p in saved["plans"].items()}
     groups = {name: lookup_groups(task, plan, [[t.name for t in task.tables]])[0] for name, plan in plans.items()}
     done = {r["device"] for r in read_rows(MEASURED) if r["devices"] == num_devices}
-    with open(MEASURED, "a") as f:
-        if "all" not in done:
-            for row in _plan_rows(task, plans, lookups, rounds):
-                f.write(json.dumps(row) + "\n")
-        for d in tqdm(range(num_devices), desc=f"D={num_devices} devices"):
-            if d in done:
-                continue
-            for name, times in _device_rounds(task, groups, lookups, d, rounds).items():
-                f.write(json.dumps({"devices": num_devices, "device": d, "planner": name,
-                                    "fwd_ms": [t[0] for t in times], "bwd_ms": [t[1] for t in times]}) + "\n")  # fmt: skip
-            f.flush()
+    if "all" not in done:
+        append_rows(MEASURED, list(_plan_rows(task, plans, lookups, rounds)))
+    for d in tqdm(range(num_devices), desc=f"D={num_devices} devices"):
+        if d in done:
+            continue
+        append_rows(MEASURED, [{"devices": num_devices, "device": d, "planner": name,
+                                "fwd_ms": [t[0] for t in times], "bwd_ms": [t[1] for t in times]}
+                               for name, times in _device_rounds(task, groups, lookups, d, rounds).items()])  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

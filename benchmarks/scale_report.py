@@ -2,7 +2,7 @@
 
     python -m benchmarks.scale report
 
-Reads ``results/scale_planned.jsonl`` and ``results/scale_measured.jsonl`` (the last row of
+Reads ``results/scale_planned.jsonl.gz`` and ``results/scale_measured.jsonl.gz`` (the last row of
 each planner and D wins) and writes ``results/scale.md``.
 """
 

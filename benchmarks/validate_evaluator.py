@@ -26,10 +26,11 @@ from typing import Sequence
 import torch
 from tqdm import tqdm
 
-from benchmarks.compare import geomean
-from benchmarks.dmp_step import StepConfig, feature_groups, generated_tasks, measure_task, plan_task, task_bags
+from torchrec_neuroshard.lab.planners import geomean
+from torchrec_neuroshard.lab.dmp_model import StepConfig, feature_groups, generated_tasks, task_bags
+from torchrec_neuroshard.lab.dmp_measure import measure_task, plan_task
 from torchrec_neuroshard.heuristics import BASELINES
-from torchrec_neuroshard.lab.collect import hardware, read_rows
+from torchrec_neuroshard.lab.collect import append_rows, hardware, read_rows
 from torchrec_neuroshard.lab.evaluate import evaluate_plans
 from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.lab.pretrain import spearman
@@ -183,16 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     config = StepConfig(steps=args.steps, warmup=args.warmup)
     tasks = generated_tasks(args.tables, args.pool_seed, 2, WorkloadScale())
-    path = args.out / f"{args.name}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.name}.jsonl.gz"
     done = {r["task"] for r in read_rows(path)}
     for task, label in tqdm(tasks, desc="tasks"):
         if label in done:
             continue
-        rows = validate_task(task, label, config, args.rounds)
-        with open(path, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+        append_rows(path, validate_task(task, label, config, args.rounds))
     labels = {label for _, label in tasks}
     rows = [r for r in read_rows(path) if r["task"] in labels]
     summary = summarize(rows)

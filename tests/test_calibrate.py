@@ -68,6 +68,7 @@ def test_calibration_refuses_mixed_machines(xeon_rows) -> None:
         fine_tune(load_pretrained("cpu"), [], epochs=1, progress=False)
 
 
+@pytest.mark.measure
 def test_calibrate_command_measures_here_fine_tunes_and_resumes(tmp_path, capsys, caplog) -> None:
     out, data = tmp_path / "here.pt", tmp_path / "calib"
     args = ["calibrate", "--device", "cpu", "--epochs", "2", "--data-dir", str(data), "--out", str(out)]
@@ -103,6 +104,7 @@ def test_comm_samples_fine_tune_a_neural_comm_or_replace_the_alpha_beta_stand_in
     assert from_scratch.meta["calibration"]["comm_holdout"]["before"] is None
 
 
+@pytest.mark.measure
 def test_busy_neighbours_run_beside_the_block_only() -> None:
     import torch.multiprocessing as mp
 
@@ -116,6 +118,7 @@ def test_busy_neighbours_run_beside_the_block_only() -> None:
     assert not neighbours[0].is_alive() and neighbours[0].exitcode == 0  # stopped, not killed
 
 
+@pytest.mark.measure
 def test_calibrate_beside_busy_neighbours_keeps_its_samples_apart_and_says_so(tmp_path, capsys) -> None:
     out, data = tmp_path / "busy.pt", tmp_path / "calib"
     args = ["calibrate", "--device", "cpu", "--epochs", "2", "--samples", "5", "--data-dir", str(data), "--out", str(out)]
@@ -131,6 +134,8 @@ def test_calibrate_refuses_a_negative_count_of_busy_neighbours(tmp_path) -> None
     assert not list(tmp_path.iterdir())  # refused before measuring anything
 
 
+@pytest.mark.measure
+@pytest.mark.dmp
 def test_calibrate_with_step_samples_measures_and_refits_the_step_parts(tmp_path, capsys) -> None:
     from torchrec_neuroshard.costmodel import load_pretrained
     from torchrec_neuroshard.lab.collect_step import STEP_KINDS

@@ -124,6 +124,7 @@ def _synthetic_rows(n: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.slow
 def test_tiny_training_run_lowers_the_loss() -> None:
     data = load_compute_data(_synthetic_rows(300))
     tr, va, te = split_by_group(data.group, seed=0)
@@ -132,6 +133,7 @@ def test_tiny_training_run_lowers_the_loss() -> None:
     assert log["history"][-1] < log["history"][0] * 0.5
 
 
+@pytest.mark.slow
 def test_pretrain_writes_test_metrics_and_holds_out_world_sizes() -> None:
     m = pretrain(_synthetic_rows(200), epochs=3, progress=False, exclude_world_sizes=[4])
     assert m.meta["world_sizes_trained"] == [2]
@@ -180,6 +182,7 @@ def _without_ranges(model: NeuralCostModel) -> NeuralCostModel:
     return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, sequence=model.sequence)
 
 
+@pytest.mark.slow
 def test_the_trained_range_leaves_every_training_kernel_priced_bit_for_bit(model) -> None:
     """Clamping into the recorded range is the identity on the samples the range came from:
     every kernel of the shipped CPU model's training split (pooled: fp32 and fp16) costs

@@ -61,6 +61,7 @@ def plan_that_torchrec_refuses(rank: int, world: int) -> tuple[str, str]:
     return "no error", ""
 
 
+@pytest.mark.dmp
 def test_any_error_planning_on_rank_0_reaches_every_rank_as_itself() -> None:
     from torchrec_neuroshard.lab.launch import spawn
 

@@ -1,11 +1,14 @@
 """What the evaluator prices: the collectives and kernels of a DMP step, per lookup group."""
 
+import pytest
 import torch
 
 from torchrec_neuroshard.lab.evaluate import evaluate_plans, lookup_groups, step_exchanges, task_lookups
 from torchrec_neuroshard.lab.measure_compute import measure_replicated_compute
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
+
+pytestmark = pytest.mark.measure  # real timings of kernels and collectives
 
 SMALL = WorkloadScale(row_divisor=1024, batch_size=512)
 

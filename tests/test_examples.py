@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -22,12 +24,14 @@ def test_every_readme_snippet_is_an_example_file() -> None:
         assert any(snippet == text for text in examples.values()), f"README snippet is no example file:\n{snippet[:300]}"
 
 
+@pytest.mark.dmp
 def test_quickstart_plans_and_trains_under_dmp_on_two_gloo_ranks() -> None:
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     out = _run(torchrun, "--standalone", "--nproc_per_node", "2", "examples/quickstart.py")
     assert "t_user" in out and "t_item" in out and "fused" in out
 
 
+@pytest.mark.slow
 def test_our_estimator_inside_torchrecs_planner_does_not_replicate_every_table() -> None:
     out = _run(sys.executable, "examples/estimator_in_torchrec.py")
     kinds = re.findall(r"^t\d\s+\|\s+(\w+)\s+\|", out, re.M)

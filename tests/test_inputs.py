@@ -192,6 +192,7 @@ def test_plan_refuses_a_world_size_far_beyond_the_comm_models(tmp_path, capsys) 
     assert f"world size {far} is far beyond" in error_line(capsys)
 
 
+@pytest.mark.slow
 def test_bench_runs_from_any_directory_of_a_checkout_and_says_when_there_is_none(tmp_path) -> None:
     run = neuroshard("bench", "search_speed", "--help", cwd=tmp_path)
     assert run.returncode == 0 and run.stdout.startswith("usage: search_speed"), run.stderr

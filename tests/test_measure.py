@@ -17,6 +17,8 @@ from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.types import Plan, Shard, TablePlacement
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool, table_spec
 
+pytestmark = pytest.mark.measure  # real timings of kernels and collectives
+
 CPU = torch.device("cpu")
 SMALL = WorkloadScale(row_divisor=1024, batch_size=512)
 
@@ -25,12 +27,15 @@ def test_compute_is_positive_and_grows_with_tables() -> None:
     pool = synthetic_pool()
     specs = [table_spec(pool[i], 64, SMALL) for i in range(6)]
     lookups = {s.name: pool[i].lookups(SMALL, seed=i) for i, s in enumerate(specs)}
-    one = measure_compute([Shard(specs[0], 64)], lookups, CPU)
-    six = measure_compute([Shard(s, 64) for s in specs], lookups, CPU)
-    for m in (one, six):
-        assert all(math.isfinite(x) and x > 0 for x in (m.fwd.median_ms, m.bwd.median_ms))
-        assert len(m.fwd.samples_ms) == 10 and m.fwd.iqr_ms >= 0
-    assert six.total_ms > one.total_ms
+    ratios = []  # six tables' kernel over one table's, each pair measured back to back
+    for _ in range(3):
+        one = measure_compute([Shard(specs[0], 64)], lookups, CPU)
+        six = measure_compute([Shard(s, 64) for s in specs], lookups, CPU)
+        for m in (one, six):
+            assert all(math.isfinite(x) and x > 0 for x in (m.fwd.median_ms, m.bwd.median_ms))
+            assert len(m.fwd.samples_ms) == 10 and m.fwd.iqr_ms >= 0
+        ratios.append(six.total_ms / one.total_ms)
+    assert sorted(ratios)[1] > 1.0
     assert measure_compute([], lookups, CPU).total_ms == 0.0
 
 
@@ -41,6 +46,7 @@ def _comm(rank: int, world_size: int) -> tuple:
     return m.fwd_ms, m.bwd_ms
 
 
+@pytest.mark.dmp
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_comm_runs_on_gloo_groups(world_size: int) -> None:
     results = spawn(_comm, world_size)
@@ -48,8 +54,9 @@ def test_comm_runs_on_gloo_groups(world_size: int) -> None:
     assert results[1] == results[0]  # gathered to every rank
     assert len(fwd) == len(bwd) == world_size
     assert all(math.isfinite(x) and x >= 0 for x in fwd + bwd)
-    # the ranks that entered early wait for the late one (20 ms skew)
-    assert min(fwd[:-1]) > 10.0 and fwd[-1] < min(fwd[:-1])
+    # the ranks that entered early wait for the late one (20 ms skew) beyond the late
+    # rank's own exchange, timed in the same call: a difference, whatever the machine's speed
+    assert min(fwd[:-1]) > fwd[-1] + 10.0
 
 
 def test_evaluator_measures_our_plan_and_torchrecs_plan_for_the_same_task() -> None:
@@ -88,6 +95,7 @@ def test_compute_collection_resumes_and_drops_a_cut_line(tmp_path) -> None:
     assert all(len(s["access_hist"]) == 17 for s in r["shards"])
 
 
+@pytest.mark.dmp
 def test_comm_collection_appends_per_world_size(tmp_path) -> None:
     out = tmp_path / "comm.jsonl"
     collect_comm(out, 2, 3, batch_size=256, progress=False)

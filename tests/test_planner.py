@@ -22,6 +22,7 @@ def topology(world: int = 2, ddr: int = 64 * 2**20) -> Topology:
     return Topology(world_size=world, compute_device="cpu", ddr_cap=ddr, local_world_size=world)
 
 
+@pytest.mark.dmp
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_collective_plan_is_identical_on_every_rank_and_dmp_matches_reference(world_size: int) -> None:
     results = spawn(plan_shard_and_compare, world_size, {})
@@ -30,6 +31,7 @@ def test_collective_plan_is_identical_on_every_rank_and_dmp_matches_reference(wo
         assert r["max_err"] < 1e-5
 
 
+@pytest.mark.dmp
 def test_constraints_are_honoured_through_dmp() -> None:
     constraints = {
         "a0": {"sharding_types": ["table_wise"]},
@@ -47,6 +49,7 @@ def test_constraints_are_honoured_through_dmp() -> None:
         assert r["max_err"] < 1e-5
 
 
+@pytest.mark.dmp
 def test_neural_estimator_inside_torchrecs_planner_gives_a_plan_dmp_accepts() -> None:
     results = spawn(plan_shard_and_compare, 2, {}, True)
     assert len({r["plan"] for r in results}) == 1
@@ -174,6 +177,7 @@ def test_batch_size_other_than_the_models_is_scaled_and_logged(caplog) -> None:
     assert kernels_ms(small.task_) == pytest.approx(0.25 * kernels_ms(big.task_), rel=0.2)
 
 
+@pytest.mark.dmp
 def test_shard_model_helper_returns_a_working_dmp() -> None:
     from tests.models import shard_with_helper
 
@@ -251,6 +255,7 @@ def test_batch_size_is_the_per_rank_batch_as_in_torchrecs_planner() -> None:
     EmbeddingShardingPlanner(topology=topo, batch_size=per_rank, constraints=cons).plan(model, SHARDERS)
 
 
+@pytest.mark.dmp
 @pytest.mark.parametrize("planner_name", ["neuroshard", "torchrec"])
 def test_every_embedding_module_kind_is_planned_and_matches_the_unsharded_model(planner_name: str) -> None:
     """An EBC, an EC, a feature-processed EBC and a managed-collision EBC (its sharder has
@@ -266,6 +271,7 @@ def test_every_embedding_module_kind_is_planned_and_matches_the_unsharded_model(
         assert r["paths"] == ["ebc", "ec", "fp", "mc._embedding_module"]
 
 
+@pytest.mark.dmp
 def test_a_sequence_table_split_by_columns_evenly_matches_the_unsharded_model() -> None:
     """EmbeddingCollection tables are searched like bags, so they may be column-split (the
     EC sharder offers column_wise): one cut 8 + 8 over two ranks gives the unsharded
@@ -358,6 +364,7 @@ def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
         NeuroShardPlanner(topology()).plan(model(DataType.BF16), SHARDERS)
 
 
+@pytest.mark.dmp
 def test_a_tiny_hot_table_is_replicated_and_the_plan_runs_under_dmp(caplog) -> None:
     """With the shipped model's step parts, replicating the 40-row, 16-column table read
     500 times per sample is predicted cheaper than its input and output all-to-alls:

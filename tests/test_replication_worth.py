@@ -1,6 +1,6 @@
 import numpy as np
 
-from benchmarks.replication_worth import fit
+from studies.replication_worth import fit
 
 
 def test_fit_recovers_the_weights_of_rest_and_replication_behind_task_intercepts() -> None:
@@ -20,14 +20,14 @@ def test_fit_recovers_the_weights_of_rest_and_replication_behind_task_intercepts
 
 
 def test_a_dmp_run_is_priced_per_plan_with_one_intercept_per_task() -> None:
-    import json
     from pathlib import Path
 
-    from benchmarks.replication_worth import priced_rows
+    from studies.replication_worth import priced_rows
     from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.lab.collect import read_rows
 
-    path = Path(__file__).parents[1] / "benchmarks/results/dmp_step_lowdrift_heldout.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()][:14]  # two tasks of 7 plans
+    path = Path(__file__).parents[1] / "benchmarks/results/dmp_step_lowdrift_heldout.jsonl.gz"
+    rows = read_rows(path)[:14]  # two tasks of 7 plans
     design, step, hidden = priced_rows(rows, load_pretrained("cpu"))
     assert design.shape == (14, 2 + 2) and step.shape == hidden.shape == (14,)
     assert (hidden <= design[:, -2:].sum(1) + 1e-9).all()  # hiding the all-reduce never adds
@@ -39,7 +39,7 @@ def test_a_dmp_run_is_priced_per_plan_with_one_intercept_per_task() -> None:
 
 
 def test_the_scaled_model_prices_replication_times_the_weight_and_nothing_else(tmp_path) -> None:
-    from benchmarks.replication_worth import REPLICATION_PARTS, write_scaled
+    from studies.replication_worth import REPLICATION_PARTS, write_scaled
     from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 
     shipped = load_pretrained("cpu")
@@ -54,7 +54,7 @@ def test_the_scaled_model_prices_replication_times_the_weight_and_nothing_else(t
 def test_a_run_of_task_files_is_refused_naming_the_label() -> None:
     import pytest
 
-    from benchmarks.dmp_ranks import task_of
+    from studies.dmp_ranks import task_of
     from torchrec_neuroshard.types import ShardingError
 
     assert task_of("T16_D2_pool4").num_devices == 2

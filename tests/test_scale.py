@@ -29,6 +29,7 @@ def test_a_ring_crossing_hosts_runs_at_the_inter_host_rate() -> None:
     assert links.ring_ms(1e9, 16, passes=2) > 2 * 1e9 * 15 / 16 / (INTER_HOST_GBPS * 1e6)
 
 
+@pytest.mark.slow
 def test_the_modelled_comm_follows_the_bytes_a_plan_moves() -> None:
     task = generate_task(synthetic_pool(), 6, 4, WorkloadScale(), seed=2)
     lookups = task_lookups(task)
@@ -45,6 +46,7 @@ def test_the_modelled_comm_follows_the_bytes_a_plan_moves() -> None:
     assert min(a.input_ms, a.forward_ms) > 0
 
 
+@pytest.mark.measure
 def test_every_plans_device_kernels_are_timed_in_interleaved_rounds() -> None:
     task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(row_divisor=1024, batch_size=512), seed=4)
     lookups = task_lookups(task)
@@ -73,6 +75,7 @@ def test_a_plans_measured_compute_is_its_slowest_device_with_its_replicas_and_sp
     assert measured(rows[:2], 2, "p") is None  # a device not yet measured: no figure
 
 
+@pytest.mark.slow
 def test_the_scaled_pool_holds_the_same_tables_and_batch_at_every_device_count() -> None:
     small, large = scale_task(8), scale_task(128)
     assert small.tables == large.tables and small.batch_size == large.batch_size == 4096

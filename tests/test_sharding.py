@@ -21,6 +21,7 @@ UNEVEN = Plan(
 )
 
 
+@pytest.mark.dmp
 def test_uneven_column_plan_matches_unsharded_reference_on_two_gloo_ranks() -> None:
     results = spawn(shard_and_compare, 2, UNEVEN.to_dict())
     for r in results:
@@ -78,6 +79,7 @@ KINDS_B = Plan(
 )
 
 
+@pytest.mark.dmp
 @pytest.mark.parametrize("plan", [KINDS_A, KINDS_B], ids=["cw-dp-rw-tw", "tcw-trw-tw-dp"])
 def test_every_kind_round_trips_and_runs_under_dmp(plan: Plan) -> None:
     sharding_plan = to_torchrec(plan, two_tower())
@@ -102,6 +104,7 @@ TWO_HOSTS = Plan(
 )
 
 
+@pytest.mark.dmp
 def test_host_kinds_run_under_dmp_on_two_hosts() -> None:
     sharding_plan = to_torchrec(TWO_HOSTS, two_tower(), local_size=2)
     assert from_torchrec(sharding_plan, 4) == TWO_HOSTS

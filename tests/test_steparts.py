@@ -28,6 +28,8 @@ def step_file(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.measure
+@pytest.mark.dmp
 def test_step_samples_record_raw_quantities_and_resume(step_file: Path) -> None:
     rows = read_rows(step_file)
     by_kind = {k: [r for r in rows if r["kind"] == k] for k in STEP_KINDS}

@@ -31,6 +31,7 @@ def spec(name: str, rows: int = 100, dim: int = 8) -> TableSpec:
     return TableSpec(name, rows, dim, 2.0, HIST)
 
 
+@pytest.mark.slow
 def test_pool_matches_published_reuse_histogram_and_pooling() -> None:
     pool = synthetic_pool()
     assert len(pool) == 856

@@ -48,8 +48,8 @@ DP_CACHED_TABLE_MB = 1.0
 """A forward lookup into a table of at most this many MB costs less per MB read than one
 into a larger table (its rows stay in cache: the 2-core AMD EPYC has 512 KiB of L2 a core).
 ``dp_fwd``'s last feature is the MB read from larger tables. Chosen on the validation split
-of ``cpu_step.jsonl.gz`` ("dp" and "dp_small" rows) by ``python -m benchmarks.dp_cache_knee``
-(results in benchmarks/results/dp_cache_knee.md)."""
+of ``cpu_step.jsonl.gz`` ("dp" and "dp_small" rows) by ``python -m studies.dp_cache_knee``
+(results in studies/results/dp_cache_knee.md)."""
 
 
 def input_dist_features(world_size: int, send_bytes: float, recv_bytes: float) -> list[float]:
@@ -85,7 +85,7 @@ def dp_features(
         local_batch: the samples of the local batch (the pooled output is local batch x the
             summed dims);
         cached_table_mb: the knee of ``lookup_mb_over_cache`` (``DP_CACHED_TABLE_MB``; other
-            values only to choose it, ``benchmarks/dp_cache_knee.py``).
+            values only to choose it, ``studies/dp_cache_knee.py``).
 
     Features: ``lookup_mb`` (the weights the lookups read), ``output_mb``, and forward
     ``lookup_mb_over_cache``, the part of ``lookup_mb`` read from tables larger than

@@ -63,6 +63,17 @@ def read_rows(path: str | Path) -> list[dict]:
     return rows
 
 
+def append_rows(path: str | Path, rows: Sequence[dict]) -> None:
+    """Append ``rows`` to a results file as JSON lines, gzipped when its name ends in .gz
+    (each call adds a gzip member; ``read_rows`` reads them all)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "at") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
 def _open_for_append(path: Path) -> tuple[object, int]:
     """Open ``path`` for appending after dropping a partial last line: (file, rows kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)

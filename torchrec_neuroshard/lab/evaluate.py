@@ -1,7 +1,7 @@
 """The plan evaluator: the measured embedding cost of plans, the ground truth of benchmarks.
 
 It emulates one sharded training step of a D-device cluster on this machine, pricing what
-DistributedModelParallel does per rank (``benchmarks/dmp_step.py`` measures the real step;
+DistributedModelParallel does per rank (``lab.dmp_measure`` measures the real step;
 ``benchmarks/validate_evaluator.py`` compares the two):
 
 - Compute, timed device by device with the others idle (as the prototype's evaluator

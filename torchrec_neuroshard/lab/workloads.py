@@ -44,7 +44,7 @@ REUSE_MIXTURE = (
 
 A table draws its ids from ``active_ratio`` x lookups rows with p(rank k) ~ k^-alpha. The
 mixture is the non-negative least-squares fit of these components' histograms (weighted by
-their unique ids) to DLRM_REUSE_HISTOGRAM; ``benchmarks/fit_reuse_mixture.py`` refits it,
+their unique ids) to DLRM_REUSE_HISTOGRAM; ``studies/fit_reuse_mixture.py`` refits it,
 and the tests check the pool's aggregate histogram against the published one.
 """
 
