@@ -13,8 +13,9 @@ from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstima
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Stats, Topology
 from torchrec.distributed.types import ModuleSharder
 
-from torchrec_neuroshard.sharding import DENSE, FUSED
-from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, ShardingError, ShardingKind, TableSpec, Task
+from torchrec_neuroshard.kernels import ComputeKernel
+from torchrec_neuroshard.sharding import DENSE
+from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, ShardingError, ShardingKind, TablePlacement, TableSpec, Task
 
 
 def format_plan_stats(
@@ -82,14 +83,7 @@ def torchrec_sharding_options(
     from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 
     kinds = plan.kinds()
-    cons = {
-        name: replace(
-            (constraints or {}).get(name) or ParameterConstraints(),
-            sharding_types=[kind.value],
-            compute_kernels=[DENSE if kind is ShardingKind.DATA_PARALLEL else FUSED],
-        )
-        for name, kind in kinds.items()
-    }
+    cons = {p.table: _option_constraints((constraints or {}).get(p.table), p) for p in plan.placements}
     enumerator = EmbeddingEnumerator(topology, batch_size, cons, estimator=EmbeddingStorageEstimator(topology, cons))
     chosen = {}
     for option in enumerator.enumerate(module, list(sharders)):
@@ -118,6 +112,21 @@ def torchrec_sharding_options(
     sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
     EmbeddingStorageEstimator(topology, cons).estimate(options, sharder_data)
     return options, enumerator
+
+
+def _option_constraints(given: ParameterConstraints | None, p: TablePlacement) -> ParameterConstraints:
+    """The constraints that make TorchRec's enumerator offer exactly ``p``'s kind and
+    kernel (the dense one for data parallel), its load factor in the cache params."""
+    from torchrec.distributed.types import CacheParams
+
+    c = replace(
+        given or ParameterConstraints(),
+        sharding_types=[p.kind.value],
+        compute_kernels=[DENSE if p.kind is ShardingKind.DATA_PARALLEL else p.kernel.value],
+    )
+    if p.kernel is ComputeKernel.FUSED_UVM_CACHING:
+        c = replace(c, cache_params=replace(c.cache_params or CacheParams(), load_factor=p.cache_load_factor))
+    return c
 
 
 def table_perfs(model: CostModel, task: Task, plan: Plan) -> dict[str, tuple[DeviceCost, ...]]:
