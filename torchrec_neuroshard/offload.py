@@ -25,6 +25,7 @@ HBM shares until the search places the rest.
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Mapping, Sequence
 
@@ -170,21 +171,21 @@ def attempts(
     bandwidth: float,
     price: Price,
 ) -> Iterator[Offload]:
-    """What the planner tries in turn (see the module docstring): no offload first, when
-    the tables' fused bytes fit all ranks' HBM or there is no host memory (then the
-    search's own error stands); then each ``HBM_SHARES`` budget whose choice differs.
-    Raises the shortfall error when even the largest share cannot be met."""
-    ladders = {t.spec.name: ladder(kernel_options(t, batch_size, world, bandwidth, hbm_cap)) for t in tables}
-    fused = sum(rungs[0].hbm for rungs in ladders.values())
-    if host_cap is None or fused <= world * hbm_cap:
-        yield Offload()
+    """What the planner tries in turn (see the module docstring): when the tables fit all
+    ranks' HBM on their cheapest kernels, those (no offload at all unless constraints
+    allow a table only UVM kernels); with no host memory, that alone (the search's own
+    error then stands); then each ``HBM_SHARES`` budget whose choice differs. Raises the
+    shortfall error when even the largest share cannot be met."""
     if host_cap is None:
+        yield Offload()
         return
+    ladders = {t.spec.name: ladder(kernel_options(t, batch_size, world, bandwidth, hbm_cap)) for t in tables}
+    cheapest = sum(rungs[0].hbm for rungs in ladders.values())
     by_name = {t.spec.name: t for t in tables}
     seen: list[dict[str, KernelOption]] = []
     unplaced: InfeasibleError | None = None
     tried = False
-    for share in HBM_SHARES:
+    for share in ((math.inf,) if cheapest <= world * hbm_cap else ()) + HBM_SHARES:
         chosen = choose_kernels(ladders, share * world * hbm_cap, HOST_SHARE * world * host_cap)
         if chosen is None:
             if not seen:
@@ -195,6 +196,8 @@ def attempts(
         seen.append(chosen)
         sent = {name: o for name, o in chosen.items() if o.kernel.in_host_memory}
         if not sent:
+            tried = True
+            yield Offload()  # all in HBM: planned exactly as without this stage
             continue
         try:
             placements = place([by_name[n] for n in sent], sent, world, (hbm_cap, host_cap), batch_size, price)
@@ -209,8 +212,9 @@ def attempts(
 
 def _reason(option: KernelOption, share: float) -> str:
     what = option.kernel.value + (f" (cache load factor {option.load_factor:g})" if option.kernel.cached else "")
+    fit = "its constraints allow it no kernel in HBM" if math.isinf(share) else f"the tables fit {share:.0%} of the ranks' HBM with it in host memory"
     return (
-        f"{what}: the tables fit {share:.0%} of the ranks' HBM with it in host memory, "
+        f"{what}: {fit}, "
         f"at a stand-in UVM penalty of {option.penalty_ms:.3g} ms per step"
     )
 

@@ -223,6 +223,8 @@ class NeuroShardPlanner(ShardingPlanner):
         decided = Triage(decided.searched, decided.decided + attempt.placements, decided.reasons + attempt.reasons)
         for name, why in decided.reasons:
             logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
+        if sent:
+            logger.warning("%s", STAND_IN_NOTE)
         specs = sorted((t.spec for t in tables), key=lambda s: s.name)
         self.search_result_ = None
         self.plan_ = Plan(decided.decided, world)
@@ -350,8 +352,6 @@ class NeuroShardPlanner(ShardingPlanner):
         }
         model = self._cost_model()
         self._model = self._priced_model() if any(p.kernel.in_host_memory for p in decided.decided) else model
-        if self._model is not model:
-            logger.warning("%s", STAND_IN_NOTE)
         config = self.search_config
         if self.timeout_seconds is not None:
             config = replace(config, deadline=start + self.timeout_seconds)
