@@ -51,32 +51,21 @@ from torchrec_neuroshard.planner_args import (
     refuse_replaced,
     reservation_of,
 )
-from torchrec_neuroshard.offload import Offload, attempts
+from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats, log_stats, stats_list, table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import ModuleTable, module_tables
-from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
-from torchrec_neuroshard.types import (
-    InfeasibleError,
-    Links,
-    Plan,
-    Shard,
-    ShardingError,
-    ShardingKind,
-    TableChoices,
-    TableSpec,
-    Task,
-)
-from torchrec_neuroshard.uvmcost import STAND_IN_NOTE, UvmPricedModel
+from torchrec_neuroshard.triage import COLUMN_KINDS, Triage
+from torchrec_neuroshard.types import Links, Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
 
 logger = logging.getLogger(__name__)
 STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
 """Where TorchRec's planner logs its EmbeddingStats table: the plan table goes there too."""
 
 
-class NeuroShardPlanner(ShardingPlanner):
+class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
     """Plans every sharding kind TorchRec's sharders offer with NeuroShard's pre-trained
     cost model: table-wise and column-wise splits by NeuroShard's search; replication and
     row-wise splits (over all ranks, or table-row-wise over one host's when the topology
@@ -196,45 +185,9 @@ class NeuroShardPlanner(ShardingPlanner):
         if not tables:
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
-        cap, host_cap = self._memory_cap(module, sharders), self._host_memory_cap()
         self._base_model = None
-        error, most = None, 0
-        topo, batch = self.topology, self._global_batch()
-        for attempt in attempts(tables, topo.world_size, cap, host_cap, batch, topo.hbm_to_ddr_mem_bw, self._price):
-            try:
-                self._plan_tables(tables, attempt, cap, host_cap, start)
-            except InfeasibleError as e:  # a larger share of the tables to host memory may fit
-                error, most = e, max(most, len(attempt.placements))
-                logger.info("no plan with %d tables in host memory: %s", len(attempt.placements), e)
-                continue
-            return self._finish(module, sharders, tables, None, start)
-        if most:
-            raise InfeasibleError(f"no plan fits HBM and host memory with up to {most} of {len(tables)} tables in host memory: {error}")
-        raise error or InfeasibleError("no plan: the offload stage found no split of the tables between HBM and host memory")
-
-    def _plan_tables(self, tables: Sequence[ModuleTable], attempt: Offload, cap: int, host_cap: int | None, start: float) -> None:
-        """``plan_`` (and ``search_result_``) of ``tables`` with ``attempt``'s in host
-        memory: the rest triaged and searched in the HBM those leave."""
-        world, batch = self.topology.world_size, self._global_batch()
-        sent = {p.table for p in attempt.placements}
-        used = Plan(attempt.placements, world).device_memory([t.spec for t in tables if t.spec.name in sent], batch)
-        kept = [t for t in tables if t.spec.name not in sent]
-        decided = triage(kept, world, self.topology.local_world_size, cap - max(used, default=0), batch)
-        decided = Triage(decided.searched, decided.decided + attempt.placements, decided.reasons + attempt.reasons)
-        for name, why in decided.reasons:
-            logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
-        if sent:
-            logger.warning("%s", STAND_IN_NOTE)
-        specs = sorted((t.spec for t in tables), key=lambda s: s.name)
-        self.search_result_ = None
-        self.plan_ = Plan(decided.decided, world)
-        if decided.searched:
-            modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
-            self.search_result_ = self._search(decided, specs, modules, cap, start, host_cap)
-            self.plan_ = self.search_result_.plan
-            self._log_table(tables, decided, cap)
-        elif sent:  # every table in host memory or decided: no search checked the memory
-            self.plan_.validate(Task(tuple(specs), world, cap, batch, host_memory_cap_bytes=host_cap))
+        self._plan_in_memory(tables, self._memory_cap(module, sharders), start)
+        return self._finish(module, sharders, tables, None, start)
 
     def collective_plan(
         self,
@@ -385,15 +338,6 @@ class NeuroShardPlanner(ShardingPlanner):
     def _global_batch(self) -> int:
         return global_batch(self._per_rank_batch(), self.topology.world_size)
 
-    def _priced_model(self) -> UvmPricedModel:
-        """The cost model with the UVM kernels' stand-in penalties, at the global batch."""
-        return UvmPricedModel(self._cost_model(), self.topology.hbm_to_ddr_mem_bw, self._global_batch())
-
-    def _price(self, specs: Sequence[TableSpec]) -> list[float]:
-        """Predicted ms of each table alone, table-wise on its kernel (``offload.Price``)."""
-        model = self._priced_model().with_batch_size(self._global_batch())
-        return [f + b for f, b in model.compute_cost([[Shard(s, s.dim)] for s in specs])]
-
     def _cost_model(self) -> NeuralCostModel:
         """The cost model (``cost_model_for``), loaded once per plan."""
         if getattr(self, "_base_model", None) is None:
@@ -417,13 +361,6 @@ class NeuroShardPlanner(ShardingPlanner):
         reserved = self._reserved_by.reserve(self.topology, self._per_rank_batch(), module, list(sharders), self.constraints)
         field = "hbm" if self.topology.compute_device == "cuda" else "ddr"
         return int(min(getattr(d.storage, field) for d in reserved.devices))
-
-    def _host_memory_cap(self) -> int | None:
-        """The smallest rank's host memory (ddr) on a cuda topology, where the UVM kernels
-        keep tables; None on a CPU one (its memory is the ddr ``_memory_cap`` counts)."""
-        if self.topology.compute_device != "cuda":
-            return None
-        return int(min(d.storage.ddr for d in self.topology.devices))
 
 
 def _broadcast_device(pg: dist.ProcessGroup) -> torch.device:
