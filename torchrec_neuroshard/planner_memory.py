@@ -49,6 +49,8 @@ class MemoryPlanning:
                 raise InfeasibleError(f"no plan fits HBM and host memory with up to {most} of {len(tables)} tables in host memory: {error}")
             raise error or InfeasibleError("no plan: the offload stage found no split of the tables between HBM and host memory")
         _, self.plan_, self.search_result_, self.task_, decided = best
+        if self.plan_.offloaded():
+            logger.warning("%s", STAND_IN_NOTE)
         if self.search_result_ is not None:
             self._log_table(tables, decided, cap)
 
@@ -63,8 +65,6 @@ class MemoryPlanning:
         decided = self._decided = Triage(decided.searched, decided.decided + attempt.placements, decided.reasons + attempt.reasons)
         for name, why in decided.reasons:
             logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
-        if sent:
-            logger.warning("%s", STAND_IN_NOTE)
         specs = sorted((t.spec for t in tables), key=lambda s: s.name)
         self.search_result_ = self.task_ = None
         self.plan_ = Plan(decided.decided, world)

@@ -30,14 +30,17 @@ def format_plan_stats(
 ) -> str:
     """A per-rank table in the shape of TorchRec's EmbeddingStats: Rank, memory (``memory_kind``
     GB and % of the cap, as TorchRec counts it at the GLOBAL ``batch_size``), predicted Perf
-    (ms) with its fwd/bwd compute and comm, Shards."""
+    (ms) with its fwd/bwd compute and comm, Shards (a shard on a UVM kernel marked
+    ``@fused_uvm`` or ``@fused_uvm_caching:<load factor>``; the host memory they take then
+    in its own line)."""
     memory = plan.device_memory(tables, batch_size)
     shards: list[list[str]] = [[] for _ in range(plan.num_devices)]
     for p in plan.placements:
+        on = "" if not p.kernel.in_host_memory else f"@{p.kernel.value}" + (f":{p.cache_load_factor:g}" if p.kernel.cached else "")
         for w, d in zip(p.widths, p.devices):
-            shards[d].append(f"{p.table}[{w}]" if len(p.widths) > 1 else p.table)
+            shards[d].append((f"{p.table}[{w}]" if len(p.widths) > 1 else p.table) + on)
         for r, d in zip(p.rows, p.devices):
-            shards[d].append(f"{p.table}[{r} rows]")
+            shards[d].append(f"{p.table}[{r} rows]{on}")
     bottleneck = max(range(len(devices)), key=lambda d: devices[d].total) if devices else -1
     lines = [
         f"{title}: predicted embedding cost {max((d.total for d in devices), default=0.0):.2f} ms "
@@ -56,6 +59,9 @@ def format_plan_stats(
         )
     if plan.data_parallel:
         lines.append(f"data parallel on every rank: {' '.join(plan.data_parallel)}")
+    if plan.offloaded():
+        host = " ".join(f"{b / 2**30:.3f}" for b in plan.device_host_memory(tables, batch_size))
+        lines.append(f"host memory (DDR, GB) by rank, tables on UVM kernels: {host}")
     for table, why in fallbacks.items():
         lines.append(f"fallback: {table}: {why}")
     return "\n".join(lines)
