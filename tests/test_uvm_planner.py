@@ -146,3 +146,26 @@ def test_constraints_fix_kernels_and_load_factors() -> None:
     assert {placements[t.name].kernel for t in task.tables[2:]} <= {ComputeKernel.FUSED, ComputeKernel.FUSED_UVM_CACHING}
     module_plan = next(iter(planner.sharding_plan_.plan.values()))
     assert module_plan[second].cache_params.load_factor == 0.37
+
+
+def test_the_issues_model_of_410_gb_on_8_gpus_of_32_gb() -> None:
+    """Issue 27's model: 16 tables of 50M rows x 128 (410 GB) on 8 GPUs of 32 GB HBM and
+    512 GB host memory each, TorchRec's defaults otherwise. It refused (a table fitting no
+    device); it plans, every rank within both memories."""
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=128, num_embeddings=50_000_000, feature_names=[f"f{i}"]) for i in range(16)]
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    topology = Topology(world_size=8, compute_device="cuda", hbm_cap=32 * 1024**3, ddr_cap=512 * 1024**3, local_world_size=8)
+    planner = NeuroShardPlanner(topology)
+    sharding_plan = planner.plan(module, SHARDERS)
+    assert len(sharding_plan.plan[""]) == 16 and planner.plan_.offloaded()
+    options, _ = torchrec_sharding_options(planner.plan_, module, SHARDERS, topology, 512, None, {})
+    for field, cap in (("hbm", 0.85 * 32 * 1024**3), ("ddr", 512 * 1024**3)):  # TorchRec's default reservation: 15% of HBM
+        per_rank = [0] * 8
+        for option in options:
+            for shard in option.shards:
+                per_rank[shard.rank] += getattr(shard.storage, field)
+        assert max(per_rank) <= cap, field
