@@ -63,7 +63,7 @@ def format_plan_stats(
         host = " ".join(f"{b / 2**30:.3f}" for b in plan.device_host_memory(tables, batch_size))
         lines.append(f"host memory (DDR, GB) by rank, tables on UVM kernels: {host}")
     for table, why in fallbacks.items():
-        lines.append(f"fallback: {table}: {why}")
+        lines.append(f"{'host memory' if why.startswith('fused_uvm') else 'fallback'}: {table}: {why}")
     return "\n".join(lines)
 
 
