@@ -232,6 +232,7 @@ def test_every_parameter_constraints_field_is_honoured_or_refused_by_name() -> N
 
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
     from torchrec.distributed.types import CacheParams, KeyValueParams
+    from torchrec.distributed.planner.shard_estimators import EmbeddingOffloadStats
     from torchrec.modules.embedding_configs import DataType
 
     from torchrec_neuroshard.planner_args import CONSTRAINT_FIELDS
@@ -260,7 +261,7 @@ def test_every_parameter_constraints_field_is_honoured_or_refused_by_name() -> N
     # refused, naming the table, the field and what to do: when the planner is made ...
     for field, value, why in [
         ("is_weighted", True, "unweighted kernels .* drop it"),
-        ("cache_params", CacheParams(load_factor=0.2), "caches nothing; drop it"),
+        ("cache_params", CacheParams(stats=EmbeddingOffloadStats(0.5, 100, torch.ones(4), 40)), r"\.stats: .* drop stats"),
         ("key_value_params", KeyValueParams(), "not SSD or key-value ones; drop it"),
         ("use_virtual_table", True, "key-value kernel.* drop it"),
         ("device_group", "cuda", "compute device is 'cpu'; .* drop it"),

@@ -51,12 +51,13 @@ from torchrec_neuroshard.planner_args import (
     refuse_replaced,
     reservation_of,
 )
+from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats, log_stats, stats_list, table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import ModuleTable, module_tables
-from torchrec_neuroshard.triage import COLUMN_KINDS, Triage, triage
+from torchrec_neuroshard.triage import COLUMN_KINDS, Triage
 from torchrec_neuroshard.types import Links, Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
 """Where TorchRec's planner logs its EmbeddingStats table: the plan table goes there too."""
 
 
-class NeuroShardPlanner(ShardingPlanner):
+class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
     """Plans every sharding kind TorchRec's sharders offer with NeuroShard's pre-trained
     cost model: table-wise and column-wise splits by NeuroShard's search; replication and
     row-wise splits (over all ranks, or table-row-wise over one host's when the topology
@@ -184,18 +185,8 @@ class NeuroShardPlanner(ShardingPlanner):
         if not tables:
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")
             return ShardingPlan(plan={})
-        cap = self._memory_cap(module, sharders)
-        decided = triage(tables, self.topology.world_size, self.topology.local_world_size, cap, self._global_batch())
-        for name, why in decided.reasons:
-            logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
-        placements = decided.decided
-        if decided.searched:
-            modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
-            self.search_result_ = self._search(decided, sorted((t.spec for t in tables), key=lambda s: s.name), modules, cap, start)
-            placements = self.search_result_.plan.placements
-        self.plan_ = Plan(placements, self.topology.world_size)
-        if self.search_result_ is not None:
-            self._log_table(tables, decided, cap)
+        self._base_model = None
+        self._plan_in_memory(tables, self._memory_cap(module, sharders), start)
         return self._finish(module, sharders, tables, None, start)
 
     def collective_plan(
@@ -286,14 +277,20 @@ class NeuroShardPlanner(ShardingPlanner):
             STATS_LOGGER.log(logging.INFO if self.debug else logging.DEBUG, line)
 
     def _search(
-        self, decided: Triage, tables: Sequence[TableSpec], modules: tuple[tuple[str, ...], ...], cap: int, start: float
+        self,
+        decided: Triage,
+        tables: Sequence[TableSpec],
+        modules: tuple[tuple[str, ...], ...],
+        cap: int,
+        start: float,
+        host_cap: int | None = None,
     ) -> SearchResult:
         """Place the searched tables around the decided ones (all priced in the whole
         step on the topology's links, each sharded module paid at its slowest device); a
         table placed table-wise or column-wise whose constraints allow only
         table_column_wise of the two is labelled so."""
         links = Links.of(self.topology)
-        task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules, links)
+        task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules, links, host_cap)
         # the step parts were measured on pooled kernels: sequence tables stay table/column-wise;
         # the search places column shards anywhere, so across hosts a table that may only be
         # cut within one (table_column_wise) stays whole
@@ -306,11 +303,12 @@ class NeuroShardPlanner(ShardingPlanner):
             )
             for t in decided.searched
         }
-        model = self._model = self._cost_model()
+        model = self._cost_model()
+        self._model = self._priced_model() if any(p.kernel.in_host_memory for p in decided.decided) else model
         config = self.search_config
         if self.timeout_seconds is not None:
             config = replace(config, deadline=start + self.timeout_seconds)
-        result = search(task, model, config, choices, decided.decided)
+        result = search(task, self._model, config, choices, decided.decided)
         took = time.perf_counter() - start
         if self.timeout_seconds is not None and took >= self.timeout_seconds:
             logger.warning(
@@ -341,6 +339,12 @@ class NeuroShardPlanner(ShardingPlanner):
         return global_batch(self._per_rank_batch(), self.topology.world_size)
 
     def _cost_model(self) -> NeuralCostModel:
+        """The cost model (``cost_model_for``), loaded once per plan."""
+        if getattr(self, "_base_model", None) is None:
+            self._base_model = self._load_cost_model()
+        return self._base_model
+
+    def _load_cost_model(self) -> NeuralCostModel:
         model = cost_model_for(self.topology, self.cost_model)
         world = self.topology.world_size
         check_world_size(model, world)

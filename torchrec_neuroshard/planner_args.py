@@ -183,13 +183,16 @@ def _plan_id(loader: PlanLoader) -> object:
 
 CONSTRAINT_FIELDS = {
     "sharding_types": "honoured: the kinds the table may take (tables.module_tables)",
-    "compute_kernels": "honoured: must allow 'fused', the kernel planned and priced",
+    "compute_kernels": "honoured: the kernels the table may run on, of fused, fused_uvm_caching and fused_uvm "
+    "(each must be one its sharder offers on the device; at least one of those three)",
     "min_partition": "honoured: the narrowest column shard",
     "pooling_factors": "honoured: lookups per sample, summed over the table's features",
     "num_poolings": "honoured: multiplies each feature's pooling factor, as TorchRec's estimators do",
     "batch_sizes": "honoured: each feature's lookups scaled by its batch over the planner's batch_size",
     "is_weighted": "refused when True: the cost model prices unweighted kernels",
-    "cache_params": "refused when set: the fused kernel caches nothing",
+    "cache_params": "honoured: load_factor (in (0, 1]) fixes the table's cache size when it runs fused_uvm_caching; "
+    "the rest passed to its ParameterSharding, as TorchRec's planner does; stats refused (the cache is priced "
+    "from the table's access histogram)",
     "enforce_hbm": "honoured: passed to the table's ParameterSharding, as TorchRec's planner does",
     "stochastic_rounding": "honoured: passed to the table's ParameterSharding",
     "bounds_check_mode": "honoured: passed to the table's ParameterSharding",
@@ -204,7 +207,6 @@ CONSTRAINT_FIELDS = {
 _REFUSED_WHEN_SET = {
     "is_weighted": "the cost model was trained on unweighted kernels and cannot price per-id weights; "
     "drop it (the table is then priced unweighted)",
-    "cache_params": "NeuroShardPlanner plans the fused kernel, which keeps every row in memory and caches nothing; drop it",
     "key_value_params": "NeuroShardPlanner plans the fused kernel, not SSD or key-value ones; drop it",
     "use_virtual_table": "a virtual table needs a key-value kernel, which NeuroShardPlanner does not plan; drop it",
 }
@@ -220,6 +222,12 @@ def check_constraints(constraints: Mapping[str, ParameterConstraints] | None, co
                     f"table {name!r}: constraint {field}={getattr(c, field)!r}: {why}, "
                     "or plan this table with TorchRec's planner"
                 )
+        if c.cache_params is not None and c.cache_params.stats is not None:
+            raise ShardingError(
+                f"table {name!r}: constraint cache_params.stats: NeuroShardPlanner prices a UVM cache from the "
+                "table's access histogram (access_hists=, tables.profile_batches), not from CacheStatistics; "
+                "drop stats (keep the other cache_params), or plan this table with TorchRec's planner"
+            )
         if c.device_group is not None and c.device_group != compute_device:
             raise ShardingError(
                 f"table {name!r}: constraint device_group={c.device_group!r}, but the topology's compute device is "

@@ -573,11 +573,12 @@ def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbe
             totals = [d.total for d in priced[k].devices]
             slow = int(np.argmax(totals))
             targets = [int(d) for d in np.argsort(totals, kind="stable") if d != slow][:3]
-            shards = [(n, i) for n in names if placements[n].kind in movable for i, d in enumerate(placements[n].devices) if d == slow]
+            shards = [(n, i) for n in names if placements[n].kind in movable and not placements[n].kernel.in_host_memory  # UVM: placed by offload
+                      for i, d in enumerate(placements[n].devices) if d == slow]  # fmt: skip
             for (n, i), d in itertools.product(shards, targets):
                 if d in placements[n].devices:
                     continue
-                there = [(m, j) for m, p in placements.items() if swaps and m != n and p.kind in movable and slow not in p.devices
+                there = [(m, j) for m, p in placements.items() if swaps and m != n and p.kind in movable and slow not in p.devices and not p.kernel.in_host_memory
                          for j, e in enumerate(p.devices) if e == d]  # fmt: skip
                 others = sorted((x for x in there if module_of[x[0]] != k), key=lambda x: (abs(size(*x) - size(n, i)), x))[:3]
                 for partner in [*(x for x in there if module_of[x[0]] == k), *others] if swaps else [None]:

@@ -8,18 +8,22 @@ from typing import Mapping, Sequence
 from torch import nn
 from torchrec.distributed.planner.types import ParameterConstraints
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
-from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
+from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+from torchrec_neuroshard.kernels import ComputeKernel, kernel_of
 
 from torchrec_neuroshard.tables import ModuleTable, module_shapes
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement, WIDTH_ALIGNMENT
 
-FUSED = "fused"
-"""The kernel every sharded table uses: FBGEMM's fused TBE, the one the cost model learned."""
+FUSED = ComputeKernel.FUSED.value
+"""The kernel of a table in HBM: FBGEMM's fused TBE, the one the cost model learned (a
+placement's ``kernel`` names another: fused_uvm_caching, fused_uvm)."""
 DENSE = "dense"
 """The kernel DMP gives data-parallel tables."""
 KERNEL_FIELDS = ("enforce_hbm", "stochastic_rounding", "bounds_check_mode", "output_dtype")
 """The ``ParameterConstraints`` fields TorchRec's planner copies into a ``ParameterSharding``
-(of the others it copies, cache_params and key_value_params are refused by the planner)."""
+(it copies cache_params too: ``_with_cache``; key_value_params are refused by the planner)."""
 
 
 def _placement(device_type: str, rank: int, local_size: int) -> str:
@@ -41,7 +45,8 @@ def to_torchrec(
     Column kinds get an explicit ``EnumerableShardingSpec`` placing each width (in column
     order) on its device, so uneven widths and two shards on one rank both work; row kinds
     one block of rows per device; data-parallel tables the dense kernel, replicated on
-    every rank (``ranks`` lists them all, as in TorchRec's plans).
+    every rank (``ranks`` lists them all, as in TorchRec's plans). A sharded table runs
+    its placement's kernel; fused_uvm_caching with ``CacheParams(load_factor=...)``.
 
     Args:
         module: the model (its tables read by ``tables.module_shapes``), or its tables as
@@ -50,8 +55,8 @@ def to_torchrec(
         local_size: ranks per host (cuda device indices, the host of table_row_wise and
             table_column_wise); default all ranks on one host.
         constraints: TorchRec ``ParameterConstraints`` by table: their kernel settings
-            (``KERNEL_FIELDS``) go into the table's ``ParameterSharding``, as TorchRec's
-            planner passes them.
+            (``KERNEL_FIELDS``) and ``cache_params`` go into the table's ``ParameterSharding``,
+            as TorchRec's planner passes them (the plan's load factor replacing theirs).
     """
     local_size = local_size or plan.num_devices
     shapes = module_shapes(module) if isinstance(module, nn.Module) else [t.shape for t in module]
@@ -74,11 +79,21 @@ def to_torchrec(
             )
         sharding = _parameter_sharding(p, t.rows, t.dim, device_type, local_size, plan.num_devices)
         c = (constraints or {}).get(name)
-        module_plan[name] = replace(sharding, **{f: getattr(c, f) for f in KERNEL_FIELDS}) if c is not None else sharding
+        if c is not None:
+            sharding = replace(sharding, **{f: getattr(c, f) for f in KERNEL_FIELDS})
+        module_plan[name] = _with_cache(sharding, p, c.cache_params if c is not None else None)
     extra = sorted(set(placements) - seen)
     if extra:
         raise ShardingError(f"the plan names tables the module does not have: {extra}")
     return ShardingPlan(plan=module_plans)
+
+
+def _with_cache(sharding: ParameterSharding, p: TablePlacement, given: CacheParams | None) -> ParameterSharding:
+    """``sharding`` with the constraints' ``given`` cache params (as TorchRec's planner
+    passes them), the plan's load factor in them for fused_uvm_caching."""
+    if p.kernel is ComputeKernel.FUSED_UVM_CACHING:
+        return replace(sharding, cache_params=replace(given or CacheParams(), load_factor=p.cache_load_factor))
+    return replace(sharding, cache_params=given) if given is not None else sharding
 
 
 def _parameter_sharding(
@@ -112,7 +127,7 @@ def _parameter_sharding(
             for (offsets, sizes), d in zip(boxes, p.devices)
         ]
     )
-    return ParameterSharding(sharding_type=p.kind.value, compute_kernel=FUSED, ranks=list(p.devices), sharding_spec=spec)
+    return ParameterSharding(sharding_type=p.kind.value, compute_kernel=p.kernel.value, ranks=list(p.devices), sharding_spec=spec)
 
 
 def _rank_of(placement: object) -> int:
@@ -128,7 +143,12 @@ def from_torchrec(sharding_plan: ShardingPlan, num_devices: int) -> Plan:
     """Our ``Plan`` from a TorchRec plan: the only place that reads TorchRec sharding
     objects, so TorchRec's own plans are measured by the same code as ours.
 
-    Raises ``ShardingError`` for kinds a ``Plan`` does not record (grid_shard).
+    Each sharded table gets its compute kernel (fused, fused_uvm_caching with its
+    ``cache_params.load_factor``, TorchRec's default ``UVM_CACHING_RATIO`` when it has none,
+    or fused_uvm).
+
+    Raises ``ShardingError`` for kinds a ``Plan`` does not record (grid_shard) and kernels
+    NeuroShard does not plan (key_value, ...), naming the table.
     """
     placements: list[TablePlacement] = []
     for path, module_plan in sharding_plan.plan.items():
@@ -149,8 +169,11 @@ def from_torchrec(sharding_plan: ShardingPlan, num_devices: int) -> Plan:
                 raise ShardingError(f"table {name!r}: a {kind.value} shard does not start at offset 0 of its full axis")
             sizes = tuple(int(s.shard_sizes[axis]) for s in shards)
             devices = tuple(_rank_of(s.placement) for s in shards)
-            if kind.splits_columns:
-                placements.append(TablePlacement(name, sizes, devices, kind))
-            else:
-                placements.append(TablePlacement(name, devices=devices, kind=kind, rows=sizes))
+            kernel = kernel_of(ps.compute_kernel, name)
+            load_factor = None
+            if kernel is ComputeKernel.FUSED_UVM_CACHING:
+                given = ps.cache_params.load_factor if ps.cache_params is not None else None
+                load_factor = UVM_CACHING_RATIO if given is None else given
+            widths, rows = (sizes, ()) if kind.splits_columns else ((), sizes)
+            placements.append(TablePlacement(name, widths, devices, kind, rows, kernel, load_factor))
     return Plan(tuple(placements), num_devices)

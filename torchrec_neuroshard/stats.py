@@ -13,8 +13,9 @@ from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstima
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Stats, Topology
 from torchrec.distributed.types import ModuleSharder
 
-from torchrec_neuroshard.sharding import DENSE, FUSED
-from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, ShardingError, ShardingKind, TableSpec, Task
+from torchrec_neuroshard.kernels import ComputeKernel
+from torchrec_neuroshard.sharding import DENSE
+from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, ShardingError, ShardingKind, TablePlacement, TableSpec, Task
 
 
 def format_plan_stats(
@@ -29,14 +30,17 @@ def format_plan_stats(
 ) -> str:
     """A per-rank table in the shape of TorchRec's EmbeddingStats: Rank, memory (``memory_kind``
     GB and % of the cap, as TorchRec counts it at the GLOBAL ``batch_size``), predicted Perf
-    (ms) with its fwd/bwd compute and comm, Shards."""
+    (ms) with its fwd/bwd compute and comm, Shards (a shard on a UVM kernel marked
+    ``@fused_uvm`` or ``@fused_uvm_caching:<load factor>``; the host memory they take then
+    in its own line)."""
     memory = plan.device_memory(tables, batch_size)
     shards: list[list[str]] = [[] for _ in range(plan.num_devices)]
     for p in plan.placements:
+        on = "" if not p.kernel.in_host_memory else f"@{p.kernel.value}" + (f":{p.cache_load_factor:g}" if p.kernel.cached else "")
         for w, d in zip(p.widths, p.devices):
-            shards[d].append(f"{p.table}[{w}]" if len(p.widths) > 1 else p.table)
+            shards[d].append((f"{p.table}[{w}]" if len(p.widths) > 1 else p.table) + on)
         for r, d in zip(p.rows, p.devices):
-            shards[d].append(f"{p.table}[{r} rows]")
+            shards[d].append(f"{p.table}[{r} rows]{on}")
     bottleneck = max(range(len(devices)), key=lambda d: devices[d].total) if devices else -1
     lines = [
         f"{title}: predicted embedding cost {max((d.total for d in devices), default=0.0):.2f} ms "
@@ -55,8 +59,11 @@ def format_plan_stats(
         )
     if plan.data_parallel:
         lines.append(f"data parallel on every rank: {' '.join(plan.data_parallel)}")
+    if plan.offloaded():
+        host = " ".join(f"{b / 2**30:.3f}" for b in plan.device_host_memory(tables, batch_size))
+        lines.append(f"host memory (DDR, GB) by rank, tables on UVM kernels: {host}")
     for table, why in fallbacks.items():
-        lines.append(f"fallback: {table}: {why}")
+        lines.append(f"{'host memory' if why.startswith('fused_uvm') else 'fallback'}: {table}: {why}")
     return "\n".join(lines)
 
 
@@ -82,14 +89,7 @@ def torchrec_sharding_options(
     from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 
     kinds = plan.kinds()
-    cons = {
-        name: replace(
-            (constraints or {}).get(name) or ParameterConstraints(),
-            sharding_types=[kind.value],
-            compute_kernels=[DENSE if kind is ShardingKind.DATA_PARALLEL else FUSED],
-        )
-        for name, kind in kinds.items()
-    }
+    cons = {p.table: _option_constraints((constraints or {}).get(p.table), p) for p in plan.placements}
     enumerator = EmbeddingEnumerator(topology, batch_size, cons, estimator=EmbeddingStorageEstimator(topology, cons))
     chosen = {}
     for option in enumerator.enumerate(module, list(sharders)):
@@ -118,6 +118,21 @@ def torchrec_sharding_options(
     sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
     EmbeddingStorageEstimator(topology, cons).estimate(options, sharder_data)
     return options, enumerator
+
+
+def _option_constraints(given: ParameterConstraints | None, p: TablePlacement) -> ParameterConstraints:
+    """The constraints that make TorchRec's enumerator offer exactly ``p``'s kind and
+    kernel (the dense one for data parallel), its load factor in the cache params."""
+    from torchrec.distributed.types import CacheParams
+
+    c = replace(
+        given or ParameterConstraints(),
+        sharding_types=[p.kind.value],
+        compute_kernels=[DENSE if p.kind is ShardingKind.DATA_PARALLEL else p.kernel.value],
+    )
+    if p.kernel is ComputeKernel.FUSED_UVM_CACHING:
+        c = replace(c, cache_params=replace(c.cache_params or CacheParams(), load_factor=p.cache_load_factor))
+    return c
 
 
 def table_perfs(model: CostModel, task: Task, plan: Plan) -> dict[str, tuple[DeviceCost, ...]]:

@@ -98,6 +98,7 @@ def row_block_spec(table: TableSpec, rows: int, world_size: int) -> TableSpec:
 
 def row_blocks(table: TableSpec, placement: TablePlacement) -> list[tuple[int, TableSpec]]:
     """(device, ``row_block_spec``) of each non-empty row block of a row-wise ``placement``."""
+    table = placement.spec_of(table)  # on the placement's kernel
     return [(d, row_block_spec(table, r, len(placement.devices))) for r, d in zip(placement.rows, placement.devices) if r > 0]
 
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from torchrec_neuroshard.access import access_histogram, uniform_access_histogram
+from torchrec_neuroshard.kernels import ComputeKernel, check_cache_load_factor
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableChoices, TableSpec
 
 if TYPE_CHECKING:
@@ -29,13 +30,17 @@ DEFAULT_POOLING_FACTOR = 1.0
 @dataclass(frozen=True)
 class ModuleTable:
     """One table as the model holds it: the path of the module that owns it, its
-    ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, and
-    the narrowest column shard it may be cut into."""
+    ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, the
+    narrowest column shard it may be cut into, the compute kernels it may run on (its
+    sharder's on the device, narrowed by its constraints' ``compute_kernels``) and the
+    cache load factor its constraints' ``cache_params`` fix (None: the planner chooses)."""
 
     path: str
     spec: TableSpec
     allowed: frozenset[ShardingKind]
     min_width: int
+    kernels: frozenset[ComputeKernel] = frozenset({ComputeKernel.FUSED})
+    load_factor: float | None = None
 
     def __post_init__(self) -> None:
         if not self.allowed:
@@ -113,9 +118,9 @@ class TableShape:
 
 def _walk(
     module: nn.Module, sharders: Sequence[ModuleSharder] | None, compute_device: str
-) -> Iterator[tuple[str, frozenset[ShardingKind], object, bool, str, nn.Parameter | None]]:
-    """(module path, sharding kinds its sharder offers, embedding config, pooled, dtype name,
-    weight parameter) of every table of every module a sharder shards, in module order: one walk of the
+) -> Iterator[tuple[str, frozenset[ShardingKind], frozenset[ComputeKernel], object, bool, str, nn.Parameter | None]]:
+    """(module path, sharding kinds its sharder offers, the kernels it offers of those we
+    plan, embedding config, pooled, dtype name, weight parameter) of every table of every module a sharder shards, in module order: one walk of the
     configs, with the checks that need no constraints (a module without tables, a sharder
     offering nothing here, duplicate names, unsupported dtypes)."""
     from torchrec.distributed.sharding_plan import get_default_sharders
@@ -135,6 +140,7 @@ def _walk(
                 f"on {compute_device} (TorchRec's planner fails on it too); leave that sharder out of `sharders` "
                 "to keep the module unsharded (replicated), or plan on a device it supports"
             )
+        kernels = _sharder_kernels(sharder, offered, compute_device)
         configs, pooled = _configs(path, owner)
         weights = {name.rsplit(".", 2)[-2]: p for name, p in owner.named_parameters() if name.endswith(".weight")}
         for config in configs:
@@ -151,7 +157,7 @@ def _walk(
                     f"{sorted(SUPPORTED_DTYPES)} (the fused training kernel's dtypes): use one of those, or "
                     "plan this model with TorchRec's planner"
                 )
-            yield path, offered, config, pooled, dtype, weights.get(config.name)
+            yield path, offered, kernels, config, pooled, dtype, weights.get(config.name)
 
 
 def module_shapes(
@@ -161,7 +167,7 @@ def module_shapes(
     access histograms (what ``sharding.to_torchrec`` needs, at a fraction of the cost)."""
     return tuple(
         TableShape(path, c.name, c.num_embeddings, c.embedding_dim, pooled)
-        for path, _, c, pooled, _, _ in _walk(module, sharders, compute_device)
+        for path, _, _, c, pooled, _, _ in _walk(module, sharders, compute_device)
     )
 
 
@@ -192,7 +198,7 @@ def module_tables(
     access_hists = access_hists or {}
     found: list[ModuleTable] = []
     seen: set[str] = set()
-    for path, offered, config, pooled, dtype, weight in _walk(module, sharders, compute_device):
+    for path, offered, kernels, config, pooled, dtype, weight in _walk(module, sharders, compute_device):
         seen.add(config.name)
         c = constraints.get(config.name)
         pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
@@ -210,8 +216,9 @@ def module_tables(
         )
         allowed = offered
         min_width = WIDTH_ALIGNMENT if pooled else sequence_min_width(spec.dim)
+        load_factor = None
         if c is not None:
-            _check_kernels(config.name, c)
+            kernels, load_factor = _constrained_kernels(config.name, kernels, c, compute_device)
             if c.sharding_types:
                 allowed = allowed & _kinds(c.sharding_types, f"table {config.name!r}")
             if c.min_partition is not None:
@@ -231,7 +238,7 @@ def module_tables(
                 f"table {config.name!r}: its constraints allow {list(c.sharding_types)}, and {why}; allow one of "
                 f"{sorted(k.value for k in offered)}, the kinds NeuroShard plans that this sharder offers"
             )
-        found.append(ModuleTable(path, spec, allowed, min_width))
+        found.append(ModuleTable(path, spec, allowed, min_width, kernels, load_factor))
     for name in sorted(set(constraints) - set(seen)):
         logger.warning("constraints name table %r, which the module does not have", name)
     return tuple(found)
@@ -282,13 +289,45 @@ def _kinds(sharding_types: Iterable[str], where: str) -> frozenset[ShardingKind]
     return frozenset(kinds)
 
 
-def _check_kernels(table: str, c: ParameterConstraints) -> None:
-    if c.compute_kernels and "fused" not in c.compute_kernels:
-        raise ShardingError(
-            f"table {table!r}: constraints allow compute kernels {list(c.compute_kernels)}; "
-            "NeuroShardPlanner plans the fused kernel its cost model was trained on: "
-            "allow 'fused', or plan this model with TorchRec's planner"
-        )
+def _sharder_kernels(sharder: ModuleSharder, kinds: frozenset[ShardingKind], compute_device: str) -> frozenset[ComputeKernel]:
+    """The kernels of ours ``sharder`` offers for a sharded (not replicated) table on ``compute_device``."""
+    offered = {k for kind in kinds - {ShardingKind.DATA_PARALLEL} for k in sharder.compute_kernels(kind.value, compute_device)}
+    return frozenset(k for k in ComputeKernel if k.value in offered) or frozenset({ComputeKernel.FUSED})
+
+
+def _constrained_kernels(
+    table: str, offered: frozenset[ComputeKernel], c: ParameterConstraints, compute_device: str
+) -> tuple[frozenset[ComputeKernel], float | None]:
+    """The kernels a table may run on (``offered``: its sharder's of those we plan) as its
+    constraints' ``compute_kernels`` narrow them, and the load factor their
+    ``cache_params`` fix; a ``ShardingError`` naming the table for a kernel its sharder
+    does not offer, for constraints leaving none we plan, and for a load factor outside (0, 1]."""
+    kernels = offered
+    if c.compute_kernels:
+        ours = {k.value for k in ComputeKernel}
+        not_offered = sorted(set(c.compute_kernels) & ours - {k.value for k in offered})
+        if not_offered:
+            raise ShardingError(
+                f"table {table!r}: constraints allow compute kernels {not_offered}, which its sharder does not offer "
+                f"on {compute_device} (it offers {sorted(k.value for k in offered)} of those NeuroShard plans); "
+                "drop them, or plan on a device that has them (UVM kernels need cuda)"
+            )
+        kernels = frozenset(k for k in offered if k.value in c.compute_kernels)
+        if not kernels:
+            raise ShardingError(
+                f"table {table!r}: constraints allow compute kernels {list(c.compute_kernels)}; NeuroShardPlanner "
+                f"plans {sorted(ours)}: allow one of them, or plan this model with TorchRec's planner"
+            )
+    load_factor = c.cache_params.load_factor if c.cache_params is not None else None
+    if load_factor is not None:
+        load_factor = check_cache_load_factor(ComputeKernel.FUSED_UVM_CACHING, load_factor, table)
+        if ComputeKernel.FUSED_UVM_CACHING not in kernels:
+            raise ShardingError(
+                f"table {table!r}: constraint cache_params.load_factor={load_factor:g}, but the table may run only "
+                f"{sorted(k.value for k in kernels)} on {compute_device}, which cache nothing; drop load_factor, "
+                "or allow fused_uvm_caching (on cuda)"
+            )
+    return kernels, load_factor
 
 
 def profile_batches(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from torchrec_neuroshard.tables import ModuleTable
-from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement, spread_over_hosts
+from torchrec_neuroshard.types import InfeasibleError, Plan, ShardingKind, TablePlacement, spread_over_hosts
 
 COLUMN_KINDS = frozenset(k for k in ShardingKind if k.splits_columns)
 ROW_KINDS = frozenset(k for k in ShardingKind if k.splits_rows)
@@ -54,7 +54,7 @@ def triage(
             placement = TablePlacement.row_blocks(spec, range(ranks), kind)
             block = max(Plan((placement,), world_size).device_memory([spec], batch_size))
             if block > cap_bytes:
-                raise ShardingError(
+                raise InfeasibleError(
                     f"table {spec.name!r} ({memory:,} bytes) does not fit even {kind.value} "
                     f"over {ranks} ranks of {cap_bytes:,} bytes; add ranks or memory"
                 )
@@ -66,7 +66,7 @@ def triage(
             decided.append(TablePlacement.data_parallel(spec.name))
             reasons.append((spec.name, "restricted to data_parallel: replicated on every rank"))
         else:
-            raise ShardingError(
+            raise InfeasibleError(
                 f"table {spec.name!r} ({memory:,} bytes) is larger than one rank's memory "
                 f"({cap_bytes:,} bytes after reservations) and its constraints allow only "
                 f"{sorted(k.value for k in t.allowed)}; allow column_wise or row_wise, or add memory"
@@ -76,7 +76,7 @@ def triage(
     fixed_tables = [t.spec for t in tables if t.spec.name in decided_names]
     fixed_memory = max(Plan(tuple(decided), world_size).device_memory(fixed_tables, batch_size), default=0)
     if searched and fixed_memory >= cap_bytes:
-        raise ShardingError(
+        raise InfeasibleError(
             f"the topology's memory fits nothing: {cap_bytes:,} bytes per rank after reservations, "
             f"all taken by replicated or row-wise tables ({fixed_memory:,} bytes on the fullest rank)"
         )

@@ -13,11 +13,13 @@ import json
 import math
 import numbers
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Collection, Sequence
 
 import numpy as np
+
+from torchrec_neuroshard.kernels import ComputeKernel, ShardingError, check_cache_load_factor, kernel_of, shard_storage
 
 if TYPE_CHECKING:
     from torchrec_neuroshard.steparts import StepParts
@@ -34,9 +36,6 @@ ACCESS_HIST_TOLERANCE = 1e-3
 INPUT_INDEX_BYTES = 8
 """TorchRec's storage estimator counts every input index as int64 (TBEs convert to it)."""
 
-
-class ShardingError(ValueError):
-    """A task, a plan or a TorchRec input that cannot be turned into a valid sharding."""
 
 
 class InfeasibleError(ShardingError):
@@ -85,6 +84,11 @@ class TableSpec:
         optimizer_multiplier: optimizer state bytes per weight byte, as TorchRec's storage
             estimator counts it (0 for SGD and fused optimizers it cannot see, 2 for Adam,
             1 / dim for row-wise Adagrad, 1 otherwise).
+        kernel: the compute kernel a ``Shard`` of the table is counted and priced on
+            (``kernels.ComputeKernel``): fused (HBM, the default), fused_uvm_caching (host
+            memory and an HBM cache of ``cache_load_factor`` x rows) or fused_uvm (host
+            memory). A plan sets it per table (``TablePlacement.spec_of``).
+        cache_load_factor: the cached share of rows, in (0, 1], for fused_uvm_caching; else None.
     """
 
     name: str
@@ -96,10 +100,14 @@ class TableSpec:
     feature_names: tuple[str, ...] = ()
     pooled: bool = True
     optimizer_multiplier: float = 0.0
+    kernel: ComputeKernel = ComputeKernel.FUSED
+    cache_load_factor: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ShardingError("a table has an empty name")
+        object.__setattr__(self, "kernel", kernel_of(self.kernel, self.name))
+        object.__setattr__(self, "cache_load_factor", check_cache_load_factor(self.kernel, self.cache_load_factor, self.name))
         if not isinstance(self.pooled, (bool, np.bool_)):
             raise ShardingError(
                 f"table {self.name!r}: pooled must be true (bags, EmbeddingBagCollection) or false "
@@ -158,7 +166,11 @@ class TableSpec:
         return Shard(self, self.dim).memory_bytes(ShardingKind.TABLE_WISE, batch_size, world_size)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["kernel"] = self.kernel.value
+        if self.kernel is ComputeKernel.FUSED:  # files stay as they were before kernels
+            del d["kernel"], d["cache_load_factor"]
+        return d
 
     @staticmethod
     def from_dict(d: dict, what: str = "a table") -> "TableSpec":
@@ -173,6 +185,8 @@ class TableSpec:
             feature_names=tuple(d.get("feature_names", ())),
             pooled=d.get("pooled", True),
             optimizer_multiplier=d.get("optimizer_multiplier", 0.0),
+            kernel=d.get("kernel", ComputeKernel.FUSED),
+            cache_load_factor=d.get("cache_load_factor"),
         )
 
 
@@ -201,23 +215,34 @@ class Shard:
         a row block reads about 1 / ``blocks`` of the indices (its table's row blocks:
         default ``world_size``, as row-wise; table-row-wise has one per rank of its host)
         and pools every bag of the global batch; a data-parallel replica (the whole table)
-        reads and pools its local batch.
+        reads and pools its local batch. These are HBM bytes on a GPU (the table's kernel
+        decides what of the weights they hold: ``kernels.shard_storage``); the bytes in host
+        memory are ``host_memory_bytes``.
         """
+        return self.storage(kind, batch_size, world_size, blocks)[0]
+
+    def host_memory_bytes(self, kind: "ShardingKind", batch_size: int, world_size: int, blocks: int | None = None) -> int:
+        """Bytes of host memory (DDR) TorchRec counts for this shard: its weights and
+        optimizer state when its table's kernel keeps them there (UVM kernels), else 0."""
+        return self.storage(kind, batch_size, world_size, blocks)[1]
+
+    def storage(self, kind: "ShardingKind", batch_size: int, world_size: int, blocks: int | None = None) -> tuple[int, int]:
+        """(``memory_bytes``, ``host_memory_bytes``)."""
         t = self.table
         weights = self.size_bytes
         if weights == 0:  # an empty row block
-            return 0
+            return 0, 0
         local = batch_size / world_size
         indices = t.pooling_factor * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
         if kind.splits_rows:
             indices /= blocks or world_size
         bags = min(1.0, t.pooling_factor) * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
         outputs = bags if t.pooled else indices  # a sequence kernel outputs every lookup
-        return (
-            weights
-            + math.ceil(weights * t.optimizer_multiplier)
-            + math.ceil(indices * INPUT_INDEX_BYTES)
-            + math.ceil(outputs * self.width * t.bytes_per_element)
+        io = math.ceil(indices * INPUT_INDEX_BYTES) + math.ceil(outputs * self.width * t.bytes_per_element)
+        if t.kernel is ComputeKernel.FUSED:
+            return weights + math.ceil(weights * t.optimizer_multiplier) + io, 0
+        return shard_storage(
+            t.rows, t.dim, self.num_rows, self.width, t.bytes_per_element, t.optimizer_multiplier, io, t.kernel, t.cache_load_factor
         )
 
 
@@ -270,6 +295,10 @@ class Task:
     links: Links | None = None
     """The devices' hosts and links (the planner's ``Topology``); None: one host, and only
     the collectives the cost model measured are priced."""
+    host_memory_cap_bytes: int | None = None
+    """Host memory (DDR) per device for tables on UVM kernels (the topology's ``ddr_cap``
+    on a GPU); ``memory_cap_bytes`` is then each GPU's HBM. None: every table in
+    ``memory_cap_bytes`` (a CPU topology, or a plan of fused kernels only)."""
 
     def __post_init__(self) -> None:
         for field in ("num_devices", "memory_cap_bytes", "batch_size"):
@@ -301,6 +330,11 @@ class Task:
             raise ShardingError(f"memory cap must be positive, got {self.memory_cap_bytes} bytes")
         if self.batch_size < 1:
             raise ShardingError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.host_memory_cap_bytes is not None:
+            host = _whole_number(self.host_memory_cap_bytes, "the task's host_memory_cap_bytes")
+            if host <= 0:
+                raise ShardingError(f"host memory cap must be positive (or None for none), got {host} bytes")
+            object.__setattr__(self, "host_memory_cap_bytes", host)
 
     def table(self, name: str) -> TableSpec:
         for t in self.tables:
@@ -319,6 +353,7 @@ class Task:
             self.batch_size,
             tuple(m for m in (tuple(n for n in module if n in keep) for module in self.modules) if m),
             self.links,
+            self.host_memory_cap_bytes,
         )
 
     def to_json(self) -> str:
@@ -332,6 +367,8 @@ class Task:
             d["modules"] = [list(m) for m in self.modules]
         if self.links is not None:
             d["links"] = asdict(self.links)
+        if self.host_memory_cap_bytes is not None:
+            d["host_memory_cap_bytes"] = self.host_memory_cap_bytes
         return json.dumps(d)
 
     @staticmethod
@@ -346,6 +383,7 @@ class Task:
             batch_size=_field(d, "batch_size", what),
             modules=d.get("modules", ()),
             links=Links.from_dict(d["links"], f"{what}'s links") if d.get("links") is not None else None,
+            host_memory_cap_bytes=d.get("host_memory_cap_bytes"),
         )
 
     @staticmethod
@@ -418,6 +456,10 @@ class TablePlacement:
     - data_parallel: no shards; the table is replicated on every device.
 
     ``kind`` defaults to table_wise for one width and column_wise for several.
+    ``kernel`` (with ``cache_load_factor`` for fused_uvm_caching) is the table's compute
+    kernel (``kernels.ComputeKernel``; a replica always runs TorchRec's dense kernel in HBM,
+    recorded as fused): the plan decides it, and every memory count and price of the plan
+    takes the table on it (``spec_of``), whatever kernel its ``TableSpec`` names.
     """
 
     table: str
@@ -425,6 +467,8 @@ class TablePlacement:
     devices: tuple[int, ...] = ()
     kind: ShardingKind = None  # type: ignore[assignment]  # resolved in __post_init__
     rows: tuple[int, ...] = ()
+    kernel: ComputeKernel = ComputeKernel.FUSED
+    cache_load_factor: float | None = None
 
     def __post_init__(self) -> None:
         kind = self.kind
@@ -449,6 +493,19 @@ class TablePlacement:
             raise ShardingError(f"table {self.table!r}: table_wise has one shard, got widths {list(self.widths)}")
         if self.kind.splits_rows and len(set(self.devices)) != len(self.devices):
             raise ShardingError(f"table {self.table!r}: row blocks need distinct devices, got {list(self.devices)}")
+        object.__setattr__(self, "kernel", kernel_of(self.kernel, self.table))
+        object.__setattr__(self, "cache_load_factor", check_cache_load_factor(self.kernel, self.cache_load_factor, self.table))
+        if self.kind is ShardingKind.DATA_PARALLEL and self.kernel is not ComputeKernel.FUSED:
+            raise ShardingError(
+                f"table {self.table!r}: a data_parallel replica runs TorchRec's dense kernel in HBM, not "
+                f"{self.kernel.value}; shard the table to keep it in host memory"
+            )
+
+    def spec_of(self, table: TableSpec) -> TableSpec:
+        """``table`` on this placement's kernel."""
+        if (table.kernel, table.cache_load_factor) == (self.kernel, self.cache_load_factor):
+            return table
+        return replace(table, kernel=self.kernel, cache_load_factor=self.cache_load_factor)
 
     @staticmethod
     def data_parallel(table: str) -> "TablePlacement":
@@ -472,7 +529,9 @@ class TablePlacement:
             )
 
     def shards(self, table: TableSpec) -> list[tuple[Shard, int]]:
-        """(shard, device) pairs; empty for data_parallel."""
+        """(shard, device) pairs, each shard of ``table`` on this placement's kernel
+        (``spec_of``); empty for data_parallel."""
+        table = self.spec_of(table)
         if self.kind.splits_columns:
             return [(Shard(table, w), d) for w, d in zip(self.widths, self.devices)]
         return [(Shard(table, table.dim, r), d) for r, d in zip(self.rows, self.devices)]
@@ -485,13 +544,19 @@ class TablePlacement:
             d["rows"] = list(self.rows)
         if self.devices:
             d["devices"] = list(self.devices)
+        if self.kernel is not ComputeKernel.FUSED:  # files of fused plans stay as they were
+            d["kernel"] = self.kernel.value
+        if self.cache_load_factor is not None:
+            d["cache_load_factor"] = self.cache_load_factor
         return d
 
     @staticmethod
     def from_dict(d: dict) -> "TablePlacement":
+        """The placement ``d`` (``to_dict``'s layout) describes; no kernel: fused (files
+        written before kernels were planned)."""
         return TablePlacement(
             d["table"], tuple(d.get("widths", ())), tuple(d.get("devices", ())),
-            d.get("kind"), tuple(d.get("rows", ())),
+            d.get("kind"), tuple(d.get("rows", ())), d.get("kernel", ComputeKernel.FUSED), d.get("cache_load_factor"),
         )
 
 
@@ -615,17 +680,30 @@ class Plan:
 
     def device_memory(self, tables: Sequence[TableSpec], batch_size: int) -> list[int]:
         """Bytes on each device as TorchRec's storage estimator counts them
-        (``Shard.memory_bytes`` at the GLOBAL ``batch_size``): shards, row blocks, replicas."""
+        (``Shard.memory_bytes`` at the GLOBAL ``batch_size``, each table on its placement's kernel):
+        shards, row blocks, replicas. HBM on a GPU; host memory is ``device_host_memory``."""
+        return self._device_storage(tables, batch_size, 0)
+
+    def device_host_memory(self, tables: Sequence[TableSpec], batch_size: int) -> list[int]:
+        """Bytes of host memory (DDR) on each device: the weights and optimizer state of
+        the shards on UVM kernels (``Shard.host_memory_bytes``)."""
+        return self._device_storage(tables, batch_size, 1)
+
+    def _device_storage(self, tables: Sequence[TableSpec], batch_size: int, which: int) -> list[int]:
         by_name = {t.name: t for t in tables}
         used = [0] * self.num_devices
         for p in self.placements:
             table = by_name[p.table]
             if p.kind is ShardingKind.DATA_PARALLEL:
-                replica = Shard(table, table.dim).memory_bytes(p.kind, batch_size, self.num_devices)
+                replica = Shard(p.spec_of(table), table.dim).storage(p.kind, batch_size, self.num_devices)[which]
                 used = [u + replica for u in used]
             for shard, d in p.shards(table):
-                used[d] += shard.memory_bytes(p.kind, batch_size, self.num_devices, len(p.devices))
+                used[d] += shard.storage(p.kind, batch_size, self.num_devices, len(p.devices))[which]
         return used
+
+    def offloaded(self) -> tuple[str, ...]:
+        """Names of the tables on UVM kernels (weights in host memory)."""
+        return tuple(p.table for p in self.placements if p.kernel.in_host_memory)
 
     def validate(self, task: Task) -> None:
         """Raise ``ShardingError`` naming the table and numbers for any violation."""
@@ -667,14 +745,25 @@ class Plan:
         missing = sorted(names - seen)
         if missing:
             raise ShardingError(f"plan does not place tables {missing}")
-        for d, used in enumerate(self.device_memory(task.tables, task.batch_size)):
-            if used > task.memory_cap_bytes:
+        self._check_memory(task, self.device_memory(task.tables, task.batch_size), task.memory_cap_bytes, "")
+        host = self.device_host_memory(task.tables, task.batch_size)
+        if any(host) and task.host_memory_cap_bytes is None:
+            raise ShardingError(
+                f"tables {sorted(self.offloaded())} are on UVM kernels, in host memory, but the task has no host memory cap; "
+                "give the task's host_memory_cap_bytes (the topology's ddr_cap), or plan them fused"
+            )
+        if any(host):
+            self._check_memory(task, host, task.host_memory_cap_bytes, " of host memory (DDR)")
+
+    def _check_memory(self, task: Task, used_per_device: Sequence[int], cap: int, what: str) -> None:
+        for d, used in enumerate(used_per_device):
+            if used > cap:
                 on_dev = [
                     p.table for p in self.placements if d in p.devices or p.kind is ShardingKind.DATA_PARALLEL
                 ]
                 raise InfeasibleError(
-                    f"device {d} holds {used:,} bytes, over the cap of "
-                    f"{task.memory_cap_bytes:,} bytes by {used - task.memory_cap_bytes:,} "
+                    f"device {d} holds {used:,} bytes{what}, over the cap of "
+                    f"{cap:,} bytes by {used - cap:,} "
                     f"(tables {on_dev})"
                 )
 

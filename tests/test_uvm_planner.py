@@ -1,0 +1,171 @@
+"""NeuroShardPlanner on models beyond the GPUs' HBM: full-size tasks on cuda topologies
+of meta-device models (no GPU needed), beside TorchRec's planner; bad input."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.types import CacheParams
+
+from torchrec_neuroshard.kernels import ComputeKernel
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.planner import NeuroShardPlanner
+from torchrec_neuroshard.search import search
+from torchrec_neuroshard.sharding import from_torchrec
+from torchrec_neuroshard.stats import torchrec_sharding_options
+from torchrec_neuroshard.tables import module_for_tables
+from torchrec_neuroshard.types import InfeasibleError, ShardingError, Task
+
+FULL_SIZE = WorkloadScale(row_divisor=1, batch_size=65_536)
+SHARDERS = [EmbeddingBagCollectionSharder()]
+TASKS = [  # (devices, tables, seed, share of the bytes the HBM cap sends to host memory)
+    (8, 24, 1, 0.5),
+    (8, 24, 4, 0.9),
+    (16, 24, 2, 0.3),
+    (16, 24, 5, 0.7),
+    (64, 24, 3, 0.1),
+]
+
+
+def full_size(devices: int, tables: int, seed: int) -> Task:
+    return generate_task(synthetic_pool(), tables, devices, FULL_SIZE, seed=seed)
+
+
+def setting(task: Task, to_host: float, ddr_share: float = 1.0) -> tuple[Topology, dict, int]:
+    """The task's cuda topology with HBM for (1 - ``to_host``) of its bytes, each rank's
+    host memory ``ddr_share`` of them; its pooling factors as constraints; the per-rank batch."""
+    world = task.num_devices
+    total = sum(t.memory_bytes(task.batch_size, world) for t in task.tables)
+    hbm = int((1 - to_host) * total / world)
+    topology = Topology(world_size=world, compute_device="cuda", hbm_cap=hbm, ddr_cap=int(ddr_share * total), local_world_size=8)
+    constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
+    return topology, constraints, task.batch_size // world
+
+
+def ours(task: Task, topology: Topology, constraints: dict, per_rank: int) -> NeuroShardPlanner:
+    planner = NeuroShardPlanner(
+        topology, per_rank, constraints=constraints, storage_reservation=0.0, access_hists={t.name: t.access_hist for t in task.tables}
+    )
+    planner.sharding_plan_ = planner.plan(module_for_tables(task.tables), SHARDERS)
+    return planner
+
+
+@pytest.mark.parametrize("devices, tables, seed, to_host", TASKS)
+def test_plans_beyond_hbm_where_torchrec_does_within_both_memories(devices, tables, seed, to_host, caplog) -> None:
+    """Ours plans wherever TorchRec's planner plans; our plan holds, as TorchRec's storage
+    estimator counts it, at most each rank's HBM and host memory; TorchRec's sharder
+    offers every kernel we chose; the ShardingPlan reads back as our plan."""
+    task = full_size(devices, tables, seed)
+    topology, constraints, per_rank = setting(task, to_host)
+    module = module_for_tables(task.tables)
+    try:
+        EmbeddingShardingPlanner(
+            topology=topology, batch_size=per_rank, constraints=constraints, storage_reservation=FixedPercentageStorageReservation(0.0)
+        ).plan(module, SHARDERS)
+    except Exception as e:  # noqa: BLE001 - TorchRec finding no plan: nothing to match
+        pytest.skip(f"TorchRec's planner found no plan: {str(e)[:120]}")
+    with caplog.at_level(logging.WARNING):
+        planner = ours(task, topology, constraints, per_rank)
+    plan = planner.plan_
+    assert plan.offloaded(), "the HBM cap leaves no room for every table: some must be in host memory"
+    assert "analytic STAND-IN" in caplog.text
+    options, _ = torchrec_sharding_options(plan, module, SHARDERS, topology, per_rank, constraints, {})
+    hbm, ddr = [0] * devices, [0] * devices
+    for option in options:
+        assert option.compute_kernel in SHARDERS[0].compute_kernels(option.sharding_type, "cuda"), option.name
+        for shard in option.shards:
+            hbm[shard.rank] += shard.storage.hbm
+            ddr[shard.rank] += shard.storage.ddr
+    assert max(hbm) <= topology.devices[0].storage.hbm and max(ddr) <= topology.devices[0].storage.ddr
+    assert hbm == plan.device_memory(task.tables, task.batch_size)
+    assert ddr == plan.device_host_memory(task.tables, task.batch_size)
+    assert {p.table: p for p in from_torchrec(planner.sharding_plan_, devices).placements} == {p.table: p for p in plan.placements}
+    caching = {
+        ps.cache_params.load_factor for m in planner.sharding_plan_.plan.values() for ps in m.values() if ps.compute_kernel == "fused_uvm_caching"
+    }
+    assert all(0 < f <= 1 for f in caching)
+
+
+def test_a_model_that_fits_hbm_is_planned_as_without_uvm() -> None:
+    """The task of test_hardware's cuda test, with host memory: the plan is the search's
+    own (no offload stage), every table fused, and the same with UVM kernels disallowed."""
+    task = generate_task(synthetic_pool(), 10, 4, FULL_SIZE, seed=3)
+    topology = Topology(world_size=4, compute_device="cuda", hbm_cap=2 * task.memory_cap_bytes, local_world_size=4)
+    constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
+    planner = ours(task, topology, constraints, 65_536 // 4)
+    fused_only = {n: ParameterConstraints(pooling_factors=c.pooling_factors, compute_kernels=["fused"]) for n, c in constraints.items()}
+    assert ours(task, topology, fused_only, 65_536 // 4).plan_ == planner.plan_
+    searched = search(planner.task_, planner._model, planner.search_config, None, ())
+    assert searched.plan == planner.plan_ and not planner.plan_.offloaded()
+    assert {ps.compute_kernel for m in planner.sharding_plan_.plan.values() for ps in m.values()} <= {"fused", "dense"}
+
+
+def test_a_model_beyond_hbm_and_host_memory_names_both_shortfalls() -> None:
+    task = full_size(8, 12, 1)
+    topology, constraints, per_rank = setting(task, to_host=0.5, ddr_share=0.01)
+    with pytest.raises(InfeasibleError, match=r"does not fit the 8 ranks' HBM and host memory together: .* bytes of HBM .*\(short by 0\), and about [\d,]+ bytes of host memory against [\d,]+ \(short by [1-9][\d,]+\)"):
+        ours(task, topology, constraints, per_rank)
+
+
+def test_bad_kernels_and_load_factors_name_the_table() -> None:
+    task = full_size(8, 6, 1)
+    topology, constraints, per_rank = setting(task, to_host=0.5)
+    name = task.tables[0].name
+    cpu = Topology(world_size=8, compute_device="cpu")
+    for topo, c, why in [
+        (cpu, ParameterConstraints(compute_kernels=["fused_uvm"]), r"\['fused_uvm'\], which its sharder does not offer on cpu"),
+        (topology, ParameterConstraints(compute_kernels=["key_value"]), r"NeuroShardPlanner plans \['fused', 'fused_uvm'"),
+        (topology, ParameterConstraints(cache_params=CacheParams(load_factor=1.5)), r"needs a cache_load_factor in \(0, 1\] .*, got 1.5"),
+        (topology, ParameterConstraints(cache_params=CacheParams(load_factor=0.0)), r"needs a cache_load_factor in \(0, 1\] .*, got 0.0"),
+        (cpu, ParameterConstraints(cache_params=CacheParams(load_factor=0.2)), r"may run only \['fused'\] on cpu, which cache nothing"),
+    ]:
+        with pytest.raises(ShardingError, match=rf"table {name!r}: .*{why}"):
+            NeuroShardPlanner(topo, per_rank, constraints={name: c}).plan(module_for_tables(task.tables), SHARDERS)
+
+
+def test_constraints_fix_kernels_and_load_factors() -> None:
+    """A table allowed only fused_uvm goes to host memory though HBM has room; a fixed
+    load factor is the one planned; tables allowed only fused stay in HBM."""
+    task = full_size(8, 12, 1)
+    topology, constraints, per_rank = setting(task, to_host=0.5)
+    first, second = task.tables[0].name, task.tables[1].name
+    constraints[first] = ParameterConstraints(pooling_factors=[task.tables[0].pooling_factor], compute_kernels=["fused_uvm"])
+    constraints[second] = ParameterConstraints(
+        pooling_factors=[task.tables[1].pooling_factor], compute_kernels=["fused_uvm_caching"], cache_params=CacheParams(load_factor=0.37)
+    )
+    for t in task.tables[2:]:
+        constraints[t.name] = ParameterConstraints(pooling_factors=[t.pooling_factor], compute_kernels=["fused", "fused_uvm_caching"])
+    planner = ours(task, topology, constraints, per_rank)
+    placements = {p.table: p for p in planner.plan_.placements}
+    assert placements[first].kernel is ComputeKernel.FUSED_UVM
+    assert (placements[second].kernel, placements[second].cache_load_factor) == (ComputeKernel.FUSED_UVM_CACHING, 0.37)
+    assert {placements[t.name].kernel for t in task.tables[2:]} <= {ComputeKernel.FUSED, ComputeKernel.FUSED_UVM_CACHING}
+    module_plan = next(iter(planner.sharding_plan_.plan.values()))
+    assert module_plan[second].cache_params.load_factor == 0.37
+
+
+def test_the_issues_model_of_410_gb_on_8_gpus_of_32_gb() -> None:
+    """Issue 27's model: 16 tables of 50M rows x 128 (410 GB) on 8 GPUs of 32 GB HBM and
+    512 GB host memory each, TorchRec's defaults otherwise. It refused (a table fitting no
+    device); it plans, every rank within both memories."""
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=128, num_embeddings=50_000_000, feature_names=[f"f{i}"]) for i in range(16)]
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    topology = Topology(world_size=8, compute_device="cuda", hbm_cap=32 * 1024**3, ddr_cap=512 * 1024**3, local_world_size=8)
+    planner = NeuroShardPlanner(topology)
+    sharding_plan = planner.plan(module, SHARDERS)
+    assert len(sharding_plan.plan[""]) == 16 and planner.plan_.offloaded()
+    options, _ = torchrec_sharding_options(planner.plan_, module, SHARDERS, topology, 512, None, {})
+    for field, cap in (("hbm", 0.85 * 32 * 1024**3), ("ddr", 512 * 1024**3)):  # TorchRec's default reservation: 15% of HBM
+        per_rank = [0] * 8
+        for option in options:
+            for shard in option.shards:
+                per_rank[shard.rank] += getattr(shard.storage, field)
+        assert max(per_rank) <= cap, field

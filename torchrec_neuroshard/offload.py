@@ -1,0 +1,268 @@
+"""Offload: which tables go to host memory, and how much of each, when a model does not
+fit the GPUs' HBM (a cuda topology with ``ddr_cap``: TorchRec's UVM kernels).
+
+Per table, a ladder of kernels (``kernel_options``): fused (all in HBM), fused_uvm_caching
+at each of ``LOAD_FACTORS`` (or the load factor its constraints fix), fused_uvm (only the
+kernel's buffers in HBM); each point with its HBM and host bytes as TorchRec counts them
+for the whole table and its UVM penalty (``uvmcost``, the stand-in price). The choice is
+a greedy by cost per byte: every table starts at its cheapest kernel, and the step down a
+ladder that adds the least penalty per HBM byte it frees is taken until the tables' HBM
+fits the budget (a share of all ranks' HBM, ``HBM_SHARES``) with their host bytes within
+all ranks' host memory. Hot tables (high penalty per byte) stay in HBM; cold ones go to
+the host, a cache of their hottest rows where that is cheaper per byte.
+
+The tables sent to host memory are then placed here, before the search (``place``): the
+costliest first, each table-wise on the device of least predicted load with room in its
+host memory and in its share of HBM (row-wise over every rank when its host bytes exceed
+one rank's host memory). The search places the tables left in HBM around them, in the
+HBM they leave, and prices the whole step with the penalties (``uvmcost.UvmPricedModel``).
+
+``attempts`` yields what the planner tries in turn: first no offload at all (so a model
+that fits HBM is planned exactly as without this stage), then the greedy at shrinking
+HBM shares until the search places the rest.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Mapping, Sequence
+
+from torchrec_neuroshard.kernels import ComputeKernel
+from torchrec_neuroshard.tables import ModuleTable
+from torchrec_neuroshard.types import InfeasibleError, Plan, Shard, ShardingKind, TablePlacement, TableSpec
+from torchrec_neuroshard.uvmcost import penalty_ms
+
+LOAD_FACTORS = (0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01)
+"""The cache sizes (shares of a table's rows) the greedy tries for fused_uvm_caching."""
+HBM_SHARES = (0.95, 0.85, 0.7, 0.55, 0.4, 0.25, 0.1, 0.0)
+"""Shares of all ranks' HBM the tables' HBM bytes may take, tried in turn: the rest is the
+search's room to balance the tables it places."""
+HOST_SHARE = 0.95
+"""Share of all ranks' host memory the offloaded tables may take (room to place them)."""
+
+Price = Callable[[Sequence[TableSpec]], list[float]]
+"""Predicted ms (forward + backward, UVM penalty included) of each table alone, table-wise."""
+
+
+@dataclass(frozen=True)
+class KernelOption:
+    """One rung of a table's ladder: a kernel (and load factor), the table's HBM and host
+    bytes on it (table-wise, as TorchRec counts them) and its UVM penalty (ms per step)."""
+
+    kernel: ComputeKernel
+    load_factor: float | None
+    hbm: int
+    host: int
+    penalty_ms: float
+
+
+@dataclass(frozen=True)
+class Offload:
+    """One attempt: the placements of the tables sent to host memory (none: plan all in
+    HBM), the HBM share it was chosen for and why each table went."""
+
+    placements: tuple[TablePlacement, ...] = ()
+    hbm_share: float = 1.0
+    reasons: tuple[tuple[str, str], ...] = ()
+
+
+def offloadable(table: ModuleTable) -> bool:
+    """The table may run a UVM kernel and be placed table-wise or row-wise."""
+    return bool(table.kernels - {ComputeKernel.FUSED}) and bool(
+        table.allowed & {ShardingKind.TABLE_WISE, ShardingKind.ROW_WISE}
+    )
+
+
+def kernel_options(
+    table: ModuleTable, batch_size: int, world_size: int, bandwidth: float, hbm_cap: int | None = None
+) -> list[KernelOption]:
+    """Every kernel ``table`` may run (only fused unless ``offloadable``), each load factor
+    of fused_uvm_caching, with its bytes and penalty. A table larger than one rank's HBM
+    (``hbm_cap``) in it is split by rows over every rank (as ``triage`` splits it), each
+    block holding the pooled output of the whole batch: its bytes are those of its blocks."""
+    spec = table.spec
+    kernels = table.kernels if offloadable(table) else frozenset({ComputeKernel.FUSED})
+    options = []
+    for kernel in sorted(kernels, key=list(ComputeKernel).index):
+        factors: Sequence[float | None] = [None]
+        if kernel.cached:
+            factors = [table.load_factor] if table.load_factor is not None else LOAD_FACTORS
+        for factor in factors:
+            on_kernel = replace(spec, kernel=kernel, cache_load_factor=factor)
+            shard = Shard(on_kernel, spec.dim)
+            hbm, host = shard.storage(ShardingKind.TABLE_WISE, batch_size, world_size)
+            if hbm_cap is not None and hbm > hbm_cap and ShardingKind.ROW_WISE in table.allowed:
+                blocks = Plan((TablePlacement.row_blocks(on_kernel, range(world_size)),), world_size)
+                hbm = sum(blocks.device_memory([on_kernel], batch_size))
+            penalty = float(penalty_ms([shard], batch_size, bandwidth).sum())
+            options.append(KernelOption(kernel, factor, hbm, host, penalty))
+    return options
+
+
+def ladder(options: Sequence[KernelOption]) -> list[KernelOption]:
+    """The rungs worth taking, from the cheapest option down in HBM: the lower convex hull
+    of (HBM, penalty), so each step costs at least as much per byte freed as the last."""
+    start = min(options, key=lambda o: (o.penalty_ms, -o.hbm))
+    rungs = [start]
+    for option in sorted((o for o in options if o.hbm < start.hbm), key=lambda o: (-o.hbm, o.penalty_ms)):
+        if option.hbm == rungs[-1].hbm:
+            continue  # a dearer option of the same bytes
+        while len(rungs) >= 2 and (
+            option.penalty_ms <= rungs[-1].penalty_ms or _slope(rungs[-1], option) <= _slope(rungs[-2], rungs[-1])
+        ):
+            rungs.pop()  # above the hull: never the best step
+        rungs.append(option)
+    return rungs
+
+
+def _slope(high: KernelOption, low: KernelOption) -> float:
+    """Penalty ms added per HBM byte freed going from ``high`` to ``low``."""
+    return (low.penalty_ms - high.penalty_ms) / max(1, high.hbm - low.hbm)
+
+
+def choose_kernels(
+    ladders: Mapping[str, Sequence[KernelOption]], hbm_budget: float, host_budget: float
+) -> dict[str, KernelOption] | None:
+    """Each table's rung after the greedy (see the module docstring); None when no
+    choice brings the tables' HBM within ``hbm_budget`` and host bytes within ``host_budget``."""
+    step = {name: 0 for name in ladders}
+    hbm = sum(rungs[0].hbm for rungs in ladders.values())
+    host = sum(rungs[0].host for rungs in ladders.values())
+    heap = [(_slope(r[0], r[1]), name) for name, r in sorted(ladders.items()) if len(r) > 1]
+    heapq.heapify(heap)
+    while hbm > hbm_budget and heap:
+        _, name = heapq.heappop(heap)
+        rungs, i = ladders[name], step[name]
+        here, there = rungs[i], rungs[i + 1]
+        if host + there.host - here.host > host_budget:
+            continue  # no room left in host memory for this table
+        step[name] = i + 1
+        hbm, host = hbm + there.hbm - here.hbm, host + there.host - here.host
+        if i + 2 < len(rungs):
+            heapq.heappush(heap, (_slope(there, rungs[i + 2]), name))
+    if hbm > hbm_budget:
+        return None
+    return {name: ladders[name][i] for name, i in step.items()}
+
+
+def shortfall_error(ladders: Mapping[str, Sequence[KernelOption]], hbm_total: int, host_total: int, world: int) -> InfeasibleError:
+    """The error of a model beyond HBM + host memory: what each memory lacks, at least."""
+    least_hbm = sum(min(o.hbm for o in rungs) for rungs in ladders.values())
+    fused = sum(rungs[0].hbm for rungs in ladders.values())
+    # every byte leaving HBM takes about one in host memory: the host bytes to bring HBM down
+    host_needed = sum(rungs[0].host for rungs in ladders.values()) + max(0, fused - hbm_total)
+    return InfeasibleError(
+        f"the model does not fit the {world} ranks' HBM and host memory together: its tables need at least "
+        f"{least_hbm:,} bytes of HBM (every table that may run a UVM kernel in host memory) against {hbm_total:,} "
+        f"(short by {max(0, least_hbm - hbm_total):,}), and about {host_needed:,} bytes of host memory against "
+        f"{host_total:,} (short by {max(0, host_needed - host_total):,}); add ranks, HBM or host memory "
+        "(Topology hbm_cap / ddr_cap), or shrink the tables"
+    )
+
+
+def attempts(
+    tables: Sequence[ModuleTable],
+    world: int,
+    hbm_cap: int,
+    host_cap: int | None,
+    batch_size: int,
+    bandwidth: float,
+    price: Price,
+) -> Iterator[Offload]:
+    """What the planner tries in turn (see the module docstring): when the tables fit all
+    ranks' HBM on their cheapest kernels, those (no offload at all unless constraints
+    allow a table only UVM kernels); with no host memory, that alone (the search's own
+    error then stands); then each ``HBM_SHARES`` budget whose choice differs. Raises the
+    shortfall error when even the largest share cannot be met."""
+    if host_cap is None:
+        yield Offload()
+        return
+    ladders = {t.spec.name: ladder(kernel_options(t, batch_size, world, bandwidth, hbm_cap)) for t in tables}
+    cheapest = sum(rungs[0].hbm for rungs in ladders.values())
+    by_name = {t.spec.name: t for t in tables}
+    seen: list[dict[str, KernelOption]] = []
+    unplaced: InfeasibleError | None = None
+    tried = False
+    for share in ((math.inf,) if cheapest <= world * hbm_cap else ()) + HBM_SHARES:
+        chosen = choose_kernels(ladders, share * world * hbm_cap, HOST_SHARE * world * host_cap)
+        if chosen is None:
+            if not seen:
+                raise shortfall_error(ladders, world * hbm_cap, world * host_cap, world)
+            break
+        if chosen in seen:
+            continue
+        seen.append(chosen)
+        sent = {name: o for name, o in chosen.items() if o.kernel.in_host_memory}
+        if not sent:
+            tried = True
+            yield Offload()  # all in HBM: planned exactly as without this stage
+            continue
+        try:
+            placements = place([by_name[n] for n in sent], sent, world, (hbm_cap, host_cap), batch_size, price)
+        except InfeasibleError as e:  # a smaller share sends other tables
+            unplaced = e
+            continue
+        tried = True
+        yield Offload(placements, share, tuple((n, _reason(o, share)) for n, o in sorted(sent.items())))
+    if unplaced is not None and not tried:
+        raise unplaced
+
+
+def _reason(option: KernelOption, share: float) -> str:
+    what = option.kernel.value + (f" (cache load factor {option.load_factor:g})" if option.kernel.cached else "")
+    fit = "its constraints allow it no kernel in HBM" if math.isinf(share) else f"the tables fit {share:.0%} of the ranks' HBM with it in host memory"
+    return (
+        f"{what}: {fit}, "
+        f"at a stand-in UVM penalty of {option.penalty_ms:.3g} ms per step"
+    )
+
+
+def place(
+    tables: Sequence[ModuleTable],
+    chosen: Mapping[str, KernelOption],
+    world: int,
+    caps: tuple[int, int],
+    batch_size: int,
+    price: Price,
+) -> tuple[TablePlacement, ...]:
+    """Placements of the tables sent to host memory (see the module docstring): the
+    costliest first, each table-wise on the device of least predicted load (ties to less
+    HBM) with room in its host memory and in its HBM share (an even share of these tables'
+    HBM plus the largest one's; past that share, any device with room in its HBM); row-wise
+    over every rank where it fits no one rank's memory or may not be table-wise. ``caps``:
+    each rank's (HBM, host memory). Raises ``InfeasibleError`` naming a table that fits nowhere."""
+    hbm_cap, host_cap = caps
+    specs = [replace(t.spec, kernel=chosen[t.spec.name].kernel, cache_load_factor=chosen[t.spec.name].load_factor) for t in tables]
+    cost = dict(zip((s.name for s in specs), price(specs)))
+    load, hbm, host = [0.0] * world, [0] * world, [0] * world
+    quota = sum(chosen[s.name].hbm for s in specs) / world + max(chosen[s.name].hbm for s in specs)
+    placed = []
+    allowed = {t.spec.name: t.allowed for t in tables}
+    for spec in sorted(specs, key=lambda s: (-cost[s.name], s.name)):
+        option = chosen[spec.name]
+        whole = ShardingKind.TABLE_WISE in allowed[spec.name] and option.host <= host_cap
+        if whole:
+            room = [d for d in range(world) if host[d] + option.host <= host_cap and hbm[d] + option.hbm <= hbm_cap]
+            if room:
+                d = min(room, key=lambda d: (hbm[d] + option.hbm > quota, load[d], hbm[d], d))
+                placement = TablePlacement(spec.name, (spec.dim,), (d,), ShardingKind.TABLE_WISE, (), option.kernel, option.load_factor)
+            whole = bool(room)
+        if not whole:
+            if ShardingKind.ROW_WISE not in allowed[spec.name]:
+                raise InfeasibleError(f"table {spec.name!r} ({option.host:,} bytes on {option.kernel.value}) fits no rank's host memory")
+            blocks = TablePlacement.row_blocks(spec, range(world))
+            placement = replace(blocks, kernel=option.kernel, cache_load_factor=option.load_factor)
+        one = Plan((placement,), world)
+        for d, (h, g) in enumerate(zip(one.device_memory([spec], batch_size), one.device_host_memory([spec], batch_size))):
+            hbm[d], host[d] = hbm[d] + h, host[d] + g
+            load[d] += cost[spec.name] * (1.0 if whole else 1.0 / world) * (d in placement.devices)
+        placed.append(placement)
+    for used, cap, what in ((hbm, hbm_cap, "HBM"), (host, host_cap, "host memory")):
+        if max(used) > cap:
+            raise InfeasibleError(
+                f"the {len(placed)} tables sent to host memory take {max(used):,} bytes of one rank's {what}, over its "
+                f"{cap:,}: add ranks or memory"
+            )
+    return tuple(placed)

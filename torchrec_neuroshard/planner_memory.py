@@ -1,0 +1,94 @@
+"""How ``NeuroShardPlanner`` fits a model into its ranks' memory: HBM and, on a GPU, host
+memory through the UVM kernels. The offload stage (``offload``) proposes which tables go
+to host memory; each proposal is triaged and searched in the HBM it leaves, and of the
+first feasible ones (``KEPT_ATTEMPTS``) the plan the model predicts cheapest is kept. A
+model that fits HBM is planned exactly as without this stage: its first proposal sends no
+table to host memory, and is taken as it comes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from torchrec_neuroshard.offload import Offload, attempts
+from torchrec_neuroshard.stepcost import predict_step
+from torchrec_neuroshard.tables import ModuleTable
+from torchrec_neuroshard.triage import Triage, triage
+from torchrec_neuroshard.types import InfeasibleError, Links, Plan, Shard, TableSpec, Task
+from torchrec_neuroshard.uvmcost import STAND_IN_NOTE, UvmPricedModel
+
+logger = logging.getLogger("torchrec_neuroshard.planner")
+
+KEPT_ATTEMPTS = 3
+"""Feasible offload proposals planned (each a search) before the cheapest is kept."""
+
+
+class MemoryPlanning:
+    """The part of ``NeuroShardPlanner`` that splits the tables between HBM and host
+    memory (see the module docstring); the planner provides the rest it calls."""
+
+    def _plan_in_memory(self, tables: Sequence[ModuleTable], cap: int, start: float) -> None:
+        """``plan_``, ``search_result_`` and ``task_`` of ``tables`` in ``cap`` bytes of
+        HBM per rank (and the topology's host memory on a GPU), or the last error."""
+        host_cap, topo, batch = self._host_memory_cap(), self.topology, self._global_batch()
+        error, most, best, planned = None, 0, None, 0
+        for attempt in attempts(tables, topo.world_size, cap, host_cap, batch, topo.hbm_to_ddr_mem_bw, self._price):
+            try:
+                cost = self._plan_tables(tables, attempt, cap, host_cap, start)
+            except InfeasibleError as e:  # a larger share of the tables in host memory may fit
+                error, most = e, max(most, len(attempt.placements))
+                logger.info("no plan with %d tables in host memory: %s", len(attempt.placements), e)
+                continue
+            if best is None or cost < best[0]:
+                best = (cost, self.plan_, self.search_result_, self.task_, self._decided)
+            planned += 1
+            if not attempt.placements or planned >= KEPT_ATTEMPTS:
+                break
+        if best is None:
+            if most:
+                raise InfeasibleError(f"no plan fits HBM and host memory with up to {most} of {len(tables)} tables in host memory: {error}")
+            raise error or InfeasibleError("no plan: the offload stage found no split of the tables between HBM and host memory")
+        _, self.plan_, self.search_result_, self.task_, decided = best
+        if self.plan_.offloaded():
+            logger.warning("%s", STAND_IN_NOTE)
+        if self.search_result_ is not None:
+            self._log_table(tables, decided, cap)
+
+    def _plan_tables(self, tables: Sequence[ModuleTable], attempt: Offload, cap: int, host_cap: int | None, start: float) -> float:
+        """``plan_`` (and ``search_result_``, ``task_``) of ``tables`` with ``attempt``'s in
+        host memory, the rest triaged and searched in the HBM those leave; its predicted ms."""
+        world, batch = self.topology.world_size, self._global_batch()
+        sent = {p.table for p in attempt.placements}
+        used = Plan(attempt.placements, world).device_memory([t.spec for t in tables if t.spec.name in sent], batch)
+        kept = [t for t in tables if t.spec.name not in sent]
+        decided = triage(kept, world, self.topology.local_world_size, cap - max(used, default=0), batch)
+        decided = self._decided = Triage(decided.searched, decided.decided + attempt.placements, decided.reasons + attempt.reasons)
+        for name, why in decided.reasons:
+            logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
+        specs = sorted((t.spec for t in tables), key=lambda s: s.name)
+        self.search_result_ = self.task_ = None
+        self.plan_ = Plan(decided.decided, world)
+        if decided.searched:
+            modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
+            self.search_result_ = self._search(decided, specs, modules, cap, start, host_cap)
+            self.plan_ = self.search_result_.plan
+            return self.search_result_.predicted_cost_ms
+        task = Task(tuple(specs), world, cap, batch, (), Links.of(self.topology), host_cap)
+        self.plan_.validate(task)  # every table decided before the search: none checked the memory
+        return predict_step(self._priced_model().with_batch_size(batch), task, self.plan_).cost_ms if sent else 0.0
+
+    def _priced_model(self) -> UvmPricedModel:
+        """The cost model with the UVM kernels' stand-in penalties, at the global batch."""
+        return UvmPricedModel(self._cost_model(), self.topology.hbm_to_ddr_mem_bw, self._global_batch())
+
+    def _price(self, specs: Sequence[TableSpec]) -> list[float]:
+        """Predicted ms of each table alone, table-wise on its kernel (``offload.Price``)."""
+        model = self._priced_model().with_batch_size(self._global_batch())
+        return [f + b for f, b in model.compute_cost([[Shard(s, s.dim)] for s in specs])]
+
+    def _host_memory_cap(self) -> int | None:
+        """The smallest rank's host memory (ddr) on a cuda topology, where the UVM kernels
+        keep tables; None on a CPU one (its memory is the ddr ``_memory_cap`` counts)."""
+        if self.topology.compute_device != "cuda":
+            return None
+        return int(min(d.storage.ddr for d in self.topology.devices))
