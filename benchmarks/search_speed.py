@@ -1,13 +1,16 @@
 """How long planning takes: NeuroShard's search vs TorchRec's EmbeddingShardingPlanner.
 
     python -m benchmarks.search_speed
+    python -m benchmarks.search_speed --full-size ...   # production scale: benchmarks.search_speed_full
 
 On one core (torch and BLAS limited to one thread), for tasks of T tables on D devices
 from the task generator: the median of 3 NeuroShard searches (with the split states it
 scored) and one TorchRec planning run on the same tables and memory; then the public API
 end to end (NeuroShardPlanner.plan on a 60-table EmbeddingBagCollection, 4 ranks).
 Targets: search 60 tables on 4 devices under 1 s, 856 tables on 128 devices under 10 s;
-the public API on 60 tables / 4 ranks under 2 s. ``--modules K`` deals each task's tables
+the public API on 60 tables / 4 ranks under 2 s. TorchRec's planner runs as its users run
+it: its default proposers under its own ``timeout_seconds`` (``--torchrec-timeout``); a
+run that fails is its row's error. ``--modules K`` deals each task's tables
 into K sharded modules (EBCs), which the search also plans module by module;
 ``--local-world-size L`` puts L devices on a host (TorchRec's default links), so the search
 prices the bytes across hosts and also tries table-row-wise.
@@ -16,7 +19,7 @@ prices the bytes across hosts and also tries table-row-wise.
 from __future__ import annotations
 
 import argparse
-import signal
+import sys
 import statistics
 import time
 from dataclasses import replace
@@ -27,7 +30,8 @@ from threadpoolctl import threadpool_limits
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints
 
-from torchrec_neuroshard.lab.torchrec_baseline import topology_for, torchrec_plan
+from benchmarks import search_speed_full
+from torchrec_neuroshard.lab.torchrec_baseline import run_torchrec, topology_for
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
 from torchrec_neuroshard.costmodel import pretrained_for
@@ -39,15 +43,14 @@ from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synt
 GRID = ((20, 2), (60, 4), (200, 16), (500, 64), (856, 128))
 
 
-def _cut_off(signum: int, frame: object) -> None:
-    raise TimeoutError
-
-
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--full-size" in argv:
+        return search_speed_full.main([a for a in argv if a != "--full-size"])
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--no-torchrec", action="store_true", help="skip TorchRec's planner")
-    p.add_argument("--torchrec-limit", type=int, default=300, help="seconds before TorchRec's run is cut off")
+    p.add_argument("--torchrec-timeout", type=int, default=300, help="TorchRec's own timeout_seconds")
     p.add_argument("--modules", type=int, default=1, help="sharded modules each task's tables are dealt into")
     p.add_argument("--local-world-size", type=int, default=0, help="devices per host (default: all on one host, no links)")
     args = p.parse_args(argv)
@@ -74,18 +77,8 @@ def main(argv: list[str] | None = None) -> None:
                 states = result.states_evaluated
             tr = "skipped"
             if not args.no_torchrec:
-                t0 = time.perf_counter()
-                signal.signal(signal.SIGALRM, _cut_off)
-                signal.alarm(args.torchrec_limit)
-                try:
-                    torchrec_plan(task)
-                    tr = f"{time.perf_counter() - t0:.2f}"
-                except TimeoutError:
-                    tr = f"> {args.torchrec_limit} (cut off)"
-                except Exception as e:  # noqa: BLE001 - report, do not hide
-                    tr = f"failed after {time.perf_counter() - t0:.1f} s ({type(e).__name__})"
-                finally:
-                    signal.alarm(0)
+                run = run_torchrec(task, "cpu", args.torchrec_timeout)
+                tr = f"{run.seconds:.2f}" + ("" if run.status == "ok" else f" ({run.status})")
             print(
                 f"| {t} | {d} | {statistics.median(times):.2f} ({min(times):.2f}-{max(times):.2f}) | {states} | {tr} |",
                 flush=True,

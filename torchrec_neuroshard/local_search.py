@@ -19,6 +19,7 @@ comm model's forward only adds the wait for the latest device: ``_two_device_cos
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,16 +77,20 @@ def local_improve(
     shards: list[tuple[int, int, int]],
     max_moves: int,
     fixed_ms: np.ndarray,
+    deadline: float | None = None,
     partners: int = 8,
     shortlist: int = SHORTLIST,
 ) -> list[tuple[int, int, int]]:
     """(table, width, device) ``shards`` after improving moves and swaps (see the module
     docstring); ``fixed_ms`` [D, 2] the forward and backward ms the fixed placements cost
-    each device, ``keys`` the search's ``_Keys`` holding every shard."""
+    each device, ``keys`` the search's ``_Keys`` holding every shard. No move is started
+    past ``deadline`` (a ``time.perf_counter()`` reading)."""
     key_of = np.asarray([keys.index[(t, w)] for t, w, _ in shards])
     dev = np.asarray([d for _, _, d in shards])
     cap = keys.task.memory_cap_bytes
     for _ in range(max_moves):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
         now = _Devices.of(model, keys, key_of, dev, fixed_ms)
         worst = int(now.per_dev.argmax())
         cheap = np.asarray([d for d in np.argsort(now.per_dev) if d != worst][:partners])

@@ -98,7 +98,8 @@ class SearchConfig:
     """The max-dimension scales of the quick greedy placement that prices each kind choice."""
     deadline: float | None = None
     """A ``time.perf_counter()`` reading past which the beam search splits no deeper and
-    keeps the best plan it has (the planner's ``timeout_seconds``); None: no limit."""
+    the local searches move no more shards, so the plan is the best found by then (the
+    planner's ``timeout_seconds``); None: no limit."""
 
 
 @dataclass(frozen=True)
@@ -415,11 +416,13 @@ def _plan_of(task: Task, keys: _Keys, runs: _Runs, r: int) -> Plan:
     return _plan_from_shards(task, shards)
 
 
-def _local_improve(task: Task, model: CostModel, keys: _Keys, plan: Plan, max_moves: int, fixed_ms: np.ndarray) -> Plan:
+def _local_improve(
+    task: Task, model: CostModel, keys: _Keys, plan: Plan, config: SearchConfig, fixed_ms: np.ndarray
+) -> Plan:
     """``plan`` after ``local_search.local_improve``: moves and swaps off the bottleneck device."""
     names = {t.name: i for i, t in enumerate(task.tables)}
     shards = [(names[p.table], w, d) for p in plan.placements for w, d in zip(p.widths, p.devices)]
-    return _plan_from_shards(task, local_improve(model, keys, shards, max_moves, fixed_ms))
+    return _plan_from_shards(task, local_improve(model, keys, shards, config.max_local_moves, fixed_ms, config.deadline))
 
 
 def _plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan:
@@ -533,7 +536,7 @@ def _searched_plan(task: Task, given: tuple[TablePlacement, ...], stage: _Stage)
     costs = [predict_step(model, task, p, embed).cost_ms for p in candidates]
     plan = candidates[int(np.argmin(costs))]
     if config.local_search:
-        plan = _improve_modules(task, model, plan, embed, config.max_local_moves)
+        plan = _improve_modules(task, model, plan, embed, config.max_local_moves, config.deadline)
     return plan, evaluated
 
 
@@ -541,7 +544,9 @@ MIN_GAIN = 1e-3
 """A move ``_improve_modules`` makes must save this share of the step at least."""
 
 
-def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbedder, max_moves: int) -> Plan:
+def _improve_modules(
+    task: Task, model: CostModel, plan: Plan, embed: CachedEmbedder, max_moves: int, deadline: float | None = None
+) -> Plan:
     """Moves of one column shard off a module's slowest device onto one of the module's
     three least loaded devices, or swaps of it with a shard there (of the same module, or
     one of the three of another module nearest it in bytes), while the step (each module
@@ -567,7 +572,7 @@ def _improve_modules(task: Task, model: CostModel, plan: Plan, embed: CachedEmbe
 
     priced = [predict(k) for k in range(len(task.modules))]  # each module's prediction as the plan stands
     made, swaps = 0, False  # swaps are tried only when no move pays
-    while made < max_moves:
+    while made < max_moves and (deadline is None or time.perf_counter() < deadline):
         best: tuple[float, dict[str, TablePlacement], np.ndarray] | None = None
         for k, names in enumerate(task.modules):
             totals = [d.total for d in priced[k].devices]
@@ -655,7 +660,7 @@ def _joint_plan(task: Task, given: tuple[TablePlacement, ...], stage: _Stage) ->
         keys = _Keys(rest, model, embed)
         index = {t.name: i for i, t in enumerate(rest.tables)}
         keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
-        plan = _local_improve(rest, model, keys, plan, config.max_local_moves, _fixed_ms(model, task, fixed, embed))
+        plan = _local_improve(rest, model, keys, plan, config, _fixed_ms(model, task, fixed, embed))
     return _with_fixed(plan, fixed, task), evaluated
 
 

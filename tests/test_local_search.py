@@ -1,0 +1,92 @@
+"""The local search's screening, its comm shortcut, the lifted compute rows, and the
+planning deadline: each against the slow exact computation it replaces."""
+
+import dataclasses
+import time
+
+import numpy as np
+import pytest
+
+import torchrec_neuroshard.local_search as local_search
+from torchrec_neuroshard.comm import AlphaBetaComm
+from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
+from torchrec_neuroshard.types import Shard
+
+
+@pytest.fixture(scope="module")
+def h200():
+    comm = AlphaBetaComm(batch_size=65_536, intra_host_bw=450e6, inter_host_bw=50e6, local_world_size=8)
+    return load_pretrained("h200").with_comm(comm).with_batch_size(65_536)
+
+
+@pytest.mark.parametrize("world", [2, 8, 16])
+def test_two_device_cost_is_the_full_embedding_cost(h200, world) -> None:
+    """The O(n) pricing of candidates that change two devices equals pricing every device."""
+    rng = np.random.default_rng(world)
+    base = rng.random((world, 2)) * 10  # [D, 2]
+    now = local_search._Devices(None, rng.integers(100, 900, world).astype(float), None, None, None, base, None, 0.0)
+    n, worst = 3000, 1
+    dst = rng.choice([d for d in range(world) if d != worst], n)
+    new_worst, new_dst = rng.random((n, 2)) * 10, rng.random((n, 2)) * 10
+    moved = rng.choice([-64.0, -8.0, 0.0, 16.0, 32.0], n)
+    fast = local_search._two_device_cost(h200, now, worst, dst, new_worst, new_dst, moved)
+    full = local_search._embedding_cost(h200, now, worst, dst, new_worst, new_dst, moved)
+    np.testing.assert_allclose(fast, full, rtol=1e-6)
+
+
+def test_lifted_rows_price_as_the_net_does() -> None:
+    """Applying the head's first layer per shard before pooling gives the net's own costs."""
+    model = load_pretrained("cpu")
+    task = generate_task(synthetic_pool(), 12, 2, WorkloadScale(), seed=3)
+    devices = [[Shard(t, t.dim) for t in task.tables[:5]], [Shard(t, t.dim) for t in task.tables[5:]]]
+    kernel = model.pooled_kernel
+    for shards in devices:
+        emb = kernel.net.table(kernel.norm(kernel.priced(shards)[0])).sum(0, keepdim=True)  # [1, embed]
+        expected = np.exp(kernel.net.head(emb).detach().numpy()[0]) * model.batch_scale
+        got = model.compute_cost([shards])[0]
+        np.testing.assert_allclose(got, expected, rtol=1e-4)
+
+
+def test_screened_local_search_is_the_exhaustive_one_where_it_prices_every_candidate(monkeypatch) -> None:
+    """With a shortlist longer than any round's candidates the screen is skipped; a short
+    one still moves only to plans priced lower, and lands near the exhaustive search."""
+    model = load_pretrained("cpu")
+    task = generate_task(synthetic_pool(), 120, 4, WorkloadScale(), seed=11)
+    monkeypatch.setattr(local_search, "SHORTLIST", 10**9)
+    monkeypatch.setattr(local_search.local_improve, "__defaults__", (None, 8, 10**9))
+    exhaustive = search(task, model)
+    monkeypatch.setattr(local_search.local_improve, "__defaults__", (None, 8, 16))
+    screened = search(task, model)
+    unimproved = search(task, model, SearchConfig(local_search=False))
+    screened.plan.validate(task)
+    assert screened.predicted_cost_ms <= unimproved.predicted_cost_ms + 1e-9
+    assert screened.predicted_cost_ms <= exhaustive.predicted_cost_ms * 1.02
+
+
+def test_a_passed_deadline_stops_the_beam_and_the_local_search() -> None:
+    """Past the deadline: the root's greedy plan or a baseline's, no splits deeper and no
+    moves, the same plan as a search told to do neither."""
+    model = load_pretrained("cpu")
+    task = generate_task(synthetic_pool(), 60, 4, WorkloadScale(), seed=7)
+    late = search(task, model, SearchConfig(deadline=time.perf_counter()))
+    neither = search(task, model, SearchConfig(max_steps=0, local_search=False))
+    late.plan.validate(task)
+    assert late.plan == neither.plan
+    assert late.states_evaluated == 1
+    full = search(task, model)
+    assert full.predicted_cost_ms <= late.predicted_cost_ms + 1e-9
+    assert predicted_breakdown(model, task, late.plan)[0] == pytest.approx(late.predicted_cost_ms)
+
+
+def test_tasks_without_sequence_tables_get_the_narrow_rows() -> None:
+    model = load_pretrained("h200")
+    task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=1)
+    narrow = model.for_tables(task.tables)
+    assert narrow.sequence_kernel is None and model.sequence_kernel is not None
+    shards = [Shard(t, t.dim) for t in task.tables]
+    assert narrow.embed_shards(shards).shape[1] < model.embed_shards(shards).shape[1]
+    np.testing.assert_allclose(narrow.compute_cost([shards]), model.compute_cost([shards]), rtol=1e-6)
+    sequence = dataclasses.replace(task.tables[0], pooled=False)
+    assert model.for_tables([*task.tables, sequence]) is model
