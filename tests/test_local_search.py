@@ -90,3 +90,21 @@ def test_tasks_without_sequence_tables_get_the_narrow_rows() -> None:
     np.testing.assert_allclose(narrow.compute_cost([shards]), model.compute_cost([shards]), rtol=1e-6)
     sequence = dataclasses.replace(task.tables[0], pooled=False)
     assert model.for_tables([*task.tables, sequence]) is model
+
+
+def test_the_int32_device_scan_is_the_float_one() -> None:
+    """The greedy's int32 dims (rooms floored) and its per-placement fullest device give
+    the same choices as comparing every device in float."""
+    from torchrec_neuroshard.search import _least_loaded_with_room
+
+    rng = np.random.default_rng(4)
+    load = rng.integers(0, 4, (300, 16)) * 0.5 + rng.choice([0.0, 1e-10, 1e-6], (300, 16))
+    dims = rng.integers(0, 9, (300, 16)) * 4
+    mem = rng.integers(0, 5, (300, 16)) * 1000.0
+    dim_room = rng.integers(-1, 9, 300) * 4 + rng.choice([0.0, 0.5, np.inf], 300, p=[0.45, 0.45, 0.1])
+    mem_room = rng.integers(0, 5, 300) * 1000.0
+    want = _least_loaded_with_room(load, dims.astype(float), mem, dim_room, mem_room)
+    got = _least_loaded_with_room(load, dims.astype(np.int32), mem, dim_room, mem_room, mem.max(1))
+    assert (want[0] < 0).any() and (want[0] >= 0).any()
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1][want[0] >= 0], want[1][want[0] >= 0])

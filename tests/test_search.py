@@ -201,6 +201,7 @@ def test_runs_sharing_a_placement_choose_as_each_would_alone() -> None:
     rng = np.random.default_rng(1)
     held = _Placements.empty(400, 8, 1)  # room for a placement per run
     held.load[:40], held.dims[:40], held.mem[:40] = _random_devices(rng, 40, 8)
+    held.mem_max[:40] = held.mem[:40].max(1)  # the invariant place() keeps
     p = rng.integers(0, 40, 400)  # ten runs a placement
     shard = np.where(rng.random(400) < 0.8, 0, rng.integers(1, 3, 400))
     dim_room = rng.integers(2, 8, 400) * 4.0 + rng.choice([0.0, 0.5], 400)

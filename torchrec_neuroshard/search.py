@@ -164,27 +164,31 @@ def _state_keys(state: Widths) -> list[tuple[int, int]]:
 @dataclass
 class _Placements:
     """N partial placements on D devices, per device: its shards' summed embeddings,
-    predicted forward and backward ms and their sum, dim sum and bytes. Placement p's
-    device d is row p * D + d of ``sums`` and of the flat views of the [N, D] arrays."""
+    predicted forward and backward ms and their sum, dim sum (whole columns, int32: the
+    device scan compares it at half the bytes) and bytes; per placement its fullest
+    device's bytes. Placement p's device d is row p * D + d of ``sums`` and of the flat
+    views of the [N, D] arrays."""
 
     sums: np.ndarray  # [N * D, E]
     fwd: np.ndarray  # [N, D]
     bwd: np.ndarray  # [N, D]
     load: np.ndarray  # [N, D] fwd + bwd
-    dims: np.ndarray  # [N, D]
+    dims: np.ndarray  # [N, D] int32
     mem: np.ndarray  # [N, D]
+    mem_max: np.ndarray  # [N]
 
     @staticmethod
     def empty(n: int, devices: int, width: int) -> "_Placements":
         sums = np.zeros((n * devices, width), dtype=np.float32)
-        return _Placements(sums, *(np.zeros((n, devices)) for _ in range(5)))
+        fwd, bwd, load, mem = (np.zeros((n, devices)) for _ in range(4))
+        return _Placements(sums, fwd, bwd, load, np.zeros((n, devices), dtype=np.int32), mem, np.zeros(n))
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         """Placements ``dst`` [M] become copies of placements ``src`` [M]."""
         D = self.fwd.shape[1]
         sums = self.sums.reshape(-1, D, self.sums.shape[1])  # [N, D, E]
         sums[dst] = sums[src]
-        for a in (self.fwd, self.bwd, self.load, self.dims, self.mem):
+        for a in (self.fwd, self.bwd, self.load, self.dims, self.mem, self.mem_max):
             a[dst] = a[src]
 
     def place(self, model: CostModel, cells: np.ndarray, emb: np.ndarray, width: np.ndarray, size: np.ndarray) -> None:
@@ -192,8 +196,9 @@ class _Placements:
         distinct devices ``cells`` [M] (placement * D + device) and re-predict them."""
         placed = self.sums[cells] + emb  # [M, E]
         self.sums[cells] = placed
-        self.dims.reshape(-1)[cells] += width
+        self.dims.reshape(-1)[cells] += width.astype(np.int32)
         self.mem.reshape(-1)[cells] += size
+        np.maximum.at(self.mem_max, cells // self.fwd.shape[1], self.mem.reshape(-1)[cells])
         cost = model.device_cost(placed)  # [M, 2]
         fwd, bwd, load = (a.reshape(-1) for a in (self.fwd, self.bwd, self.load))
         fwd[cells], bwd[cells] = cost[:, 0], cost[:, 1]
@@ -309,14 +314,18 @@ def _choose_devices(
     most_mem = np.full(n_held, -np.inf)
     if not shared:  # one run per placement
         most_dim[p], most_mem[p] = dim_room, mem_room
-        device, _ = _least_loaded_with_room(held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem)
+        device, _ = _least_loaded_with_room(
+            held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held]
+        )
         return device[p], np.ones(len(p), dtype=bool)
     deciding = np.full(n_held, -1)  # [n_held] the shard each placement decides for
     deciding[p] = shard
     same = shard == deciding[p]  # [A]
     np.maximum.at(most_dim, p[same], dim_room[same])
     np.maximum.at(most_mem, p[same], mem_room[same])
-    chosen, least = _least_loaded_with_room(held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem)
+    chosen, least = _least_loaded_with_room(
+        held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held]
+    )
     device, least = chosen[p], least[p]  # [A]
     decided = same & (
         ((dim_room == most_dim[p]) & (mem_room == most_mem[p]))
@@ -325,7 +334,9 @@ def _choose_devices(
     alone = np.flatnonzero(~decided)
     if alone.size:
         q = p[alone]
-        device[alone], _ = _least_loaded_with_room(held.load[q], held.dims[q], held.mem[q], dim_room[alone], mem_room[alone])
+        device[alone], _ = _least_loaded_with_room(
+            held.load[q], held.dims[q], held.mem[q], dim_room[alone], mem_room[alone], held.mem_max[q]
+        )
     return device, decided
 
 
@@ -355,7 +366,12 @@ def _part(
 
 
 def _least_loaded_with_room(
-    load: np.ndarray, dims: np.ndarray, mem: np.ndarray, dim_room: np.ndarray, mem_room: np.ndarray
+    load: np.ndarray,
+    dims: np.ndarray,
+    mem: np.ndarray,
+    dim_room: np.ndarray,
+    mem_room: np.ndarray,
+    mem_max: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The greedy's device on each of G placements, [G]: of the devices with dims <=
     dim_room and mem <= mem_room, the one of least load; ties (within 1e-9) to less memory,
@@ -364,12 +380,18 @@ def _least_loaded_with_room(
 
     load, dims, mem: [G, D] per placement and device; dim_room, mem_room: [G], the caps
     less the shard's width and bytes. Dims and bytes are whole numbers, so ``dims > cap -
-    w`` is exactly ``dims + w > cap``. One argmin finds the least device, a second one
+    w`` is exactly ``dims + w > cap``, and for integer ``dims`` (the greedy's int32) it is
+    ``dims > floor(cap - w)``, compared in their own type. ``mem_max`` [G], each
+    placement's fullest device (default: computed), spares the placements whose every
+    device has room the memory comparison. One argmin finds the least device, a second one
     whether another is within the tolerance; only those placements compare memory."""
     rows = np.arange(len(load))
-    blocked = dims > dim_room[:, None]  # [G, D]
-    blocked |= mem > mem_room[:, None]
-    masked = np.where(blocked, np.inf, load)  # [G, D]
+    if np.issubdtype(dims.dtype, np.integer):
+        dim_room = np.clip(np.floor(dim_room), np.iinfo(dims.dtype).min, np.iinfo(dims.dtype).max).astype(dims.dtype)
+    masked = np.where(dims > dim_room[:, None], np.inf, load)  # [G, D]
+    full = np.flatnonzero((mem.max(1) if mem_max is None else mem_max) > mem_room)
+    if full.size:
+        masked[full] = np.where(mem[full] > mem_room[full, None], np.inf, masked[full])
     first = masked.argmin(1)
     least = masked[rows, first]
     masked[rows, first] = np.inf
