@@ -148,8 +148,16 @@ def main(argv: list[str] | None = None) -> None:
     if not args.report_only:
         run_all(args.tasks, args.planners, args.torchrec_timeout, args.profile, args.out)
     from benchmarks.search_speed_report import report
+    from torchrec_neuroshard.hardware import local_hardware
 
-    print(report(read_rows(args.out)))
+    text = (
+        f"# Planning at production scale\n\n`python -m benchmarks.search_speed --full-size` "
+        f"(rows in [{args.out.name}]({args.out.name}); this table: `--report-only`), written "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {local_hardware('cpu').describe()}, "
+        "each planner on one thread in its own process.\n\n" + report(read_rows(args.out)) + "\n"
+    )
+    print(text)
+    args.out.with_suffix(".md").write_text(text)
 
 
 if __name__ == "__main__":
