@@ -30,7 +30,7 @@ one sharded module; a model of several (``Task.modules``: TorchRec shards each
 EmbeddingBagCollection apart) pays each module's slowest device in turn, since the
 module's collectives hold every rank until the slowest arrives. So the step is the sum
 over modules of each one's max over devices, and a plan balanced only in its per-device
-totals can still wait on every module (measured: ``benchmarks/module_sync.py``).
+totals can still wait on every module (measured: ``studies/module_sync.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from torchrec_neuroshard.comm import AlphaBetaComm
+from torchrec_neuroshard.hosts import host_ranks
 from torchrec_neuroshard.steparts import StepParts, collective_features, dp_features, input_dist_features
 from torchrec_neuroshard.types import (
     CostModel,
@@ -51,7 +52,6 @@ from torchrec_neuroshard.types import (
     TablePlacement,
     TableSpec,
     Task,
-    host_ranks,
 )
 
 INDEX_BYTES = 8
