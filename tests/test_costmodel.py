@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_neuroshard.costmodel import (
-    POOLING_FEATURE,
-    WIDTH_FEATURE,
-    NeuralCostModel,
-    device_features,
-    feature_range_warning,
-    load_pretrained,
-)
+from torchrec_neuroshard.costmodel import NeuralCostModel, feature_range_warning, load_pretrained
+from torchrec_neuroshard.costmodel.features import POOLING_FEATURE, WIDTH_FEATURE, device_features
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
 from torchrec_neuroshard.lab.pretrain import (
     add_feature_ranges,

@@ -31,7 +31,8 @@ from typing import Hashable, Iterator, Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.costmodel import FeatureRange, NeuralComm, NeuralCostModel
+from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
+from torchrec_neuroshard.costmodel.features import FeatureRange
 from torchrec_neuroshard.lab.collect import draw_compute_sample, iter_kind, shard_from_record
 from torchrec_neuroshard.lab.pretrain import (
     comm_metrics,
