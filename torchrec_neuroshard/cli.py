@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
 import time
@@ -65,102 +64,29 @@ def _pretrain(args: argparse.Namespace) -> None:
     print(f"saved {args.out} (trained in {model.meta['train_seconds']} s)")
 
 
-def _check_calibrate_counts(args: argparse.Namespace) -> None:
-    """Refuse sample counts that would measure nothing (and leave empty sample files)."""
-    if args.samples < 1:
-        raise SystemExit(f"--samples {args.samples}: calibrate fine-tunes on measured compute samples; give 1 or more (default 200)")
-    if args.world_size and args.comm_samples < 1:
-        raise SystemExit(f"--comm-samples {args.comm_samples} with --world-size: give 1 or more comm samples per world size")
-    if args.step_samples < 0:
-        raise SystemExit(f"--step-samples {args.step_samples}: give 0 (keep the step parts) or more")
-
-
 def _calibrate(args: argparse.Namespace) -> None:
     import torch
 
-    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
-    from torchrec_neuroshard.hardware import cpu_cores
-    from torchrec_neuroshard.lab import collect
-    from torchrec_neuroshard.lab.calibrate import CALIBRATION_SEED, busy_neighbours, calibration_indices, fine_tune
+    from torchrec_neuroshard.costmodel import model_named, pretrained_for
+    from torchrec_neuroshard.lab.calibrate import Calibration, busy_machine_warning, calibrate, summary
     from torchrec_neuroshard.lab.launch import default_device
-    from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 
-    _check_calibrate_counts(args)  # before anything is measured or written
     t0 = time.perf_counter()
     device = torch.device(args.device) if args.device else default_device()
-    load, cores = os.getloadavg()[0], cpu_cores()
-    if load > cores:
-        print(
-            f"warning: this machine is busy (load average {load:.1f} on {cores} cores): the samples measured "
-            "now will time a loaded machine, and so will the calibrated model. Calibrate on a quiet machine.",
-            file=sys.stderr,
-        )
-    if args.base is None:
-        base = pretrained_for(device.type)
-    elif Path(args.base).suffix == ".pt" or Path(args.base).exists():
-        base = NeuralCostModel.load(args.base)
-    else:
-        base = load_pretrained(args.base)
-    scale = WorkloadScale.for_device(device)
-    data_dir = Path(args.data_dir)
-    if args.busy_neighbours < 0:
-        raise SystemExit(f"--busy-neighbours {args.busy_neighbours}: a count of processes, 0 or more")
-    if args.step_samples and not args.world_size:
-        raise SystemExit(f"--step-samples {args.step_samples} measures the step's parts at --world-size sizes; give them")
-    if args.busy_neighbours and device.type != "cpu":
-        raise SystemExit("--busy-neighbours times CPU kernels beside other ranks' kernels; a GPU's ranks do not share it")
-    busy = f"_busy{args.busy_neighbours}" if args.busy_neighbours else ""  # samples of another condition, kept apart
-    compute_path, comm_path = data_dir / f"compute{busy}.jsonl", data_dir / "comm.jsonl"
-    indices = calibration_indices(synthetic_pool(), scale, args.samples)
-    with busy_neighbours(args.busy_neighbours, scale):
-        collect.collect_compute(
-            compute_path, args.samples, device, scale, seed=CALIBRATION_SEED, num_threads=args.threads, sample_indices=indices
-        )
-    t_compute = time.perf_counter() - t0
-    for d in args.world_size:
-        collect.collect_comm(comm_path, d, args.comm_samples, seed=CALIBRATION_SEED)
-    t_comm = time.perf_counter() - t0 - t_compute
-    rows = collect.read_rows(compute_path)[: args.samples]
-    for d in args.world_size:
-        rows += [r for r in collect.iter_kind(collect.read_rows(comm_path), "comm") if r["world_size"] == d][: args.comm_samples]
-    model = fine_tune(base, rows, epochs=args.epochs, seed=args.seed)
-    step_lines: list[str] = []
-    t_before_step = time.perf_counter()
-    if args.step_samples:  # with --world-size (checked above)
-        from torchrec_neuroshard.lab.collect_step import collect_step
-        from torchrec_neuroshard.lab.refit_steps import refit_meta
-
-        step_path = data_dir / "step.jsonl"
-        collect_step(step_path, args.step_samples, args.world_size, seed=CALIBRATION_SEED)
-        meta, step_lines = refit_meta(model.meta, collect.read_rows(step_path))
-        model = NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
-        model.meta["calibration"]["step_samples"] = args.step_samples
-    t_step = time.perf_counter() - t_before_step
-    model.meta["calibration"]["busy_neighbours"] = args.busy_neighbours
-    model.save(args.out)
-    cal = model.meta["calibration"]
-    before, after = cal["compute_holdout"]["before"], cal["compute_holdout"]["after"]
-    print(
-        f"calibrated {cal['base']['hardware']['device']} {cal['base']['hardware'].get('device_name')} model to "
-        f"{model.hardware.describe()} on {cal['compute_samples']} compute samples"
-        + (f" and {cal['comm_samples']} comm samples (D={args.world_size})" if "comm_samples" in cal else "")
-        + (f", compute timed beside {args.busy_neighbours} busy neighbour(s)" if args.busy_neighbours else "")
-    )
-    print(
-        f"held-out compute fwd+bwd ({before['samples']} samples): MAPE {before['mape_total']:.1f}% -> "
-        f"{after['mape_total']:.1f}%, Spearman {before['spearman_total']:.3f} -> {after['spearman_total']:.3f}"
-    )
-    if "comm_holdout" in cal:
-        cb, ca = cal["comm_holdout"]["before"], cal["comm_holdout"]["after"]
-        was = f"{cb['mape_total']:.1f}% -> " if cb else "(trained from scratch) "
-        print(f"held-out comm per device ({ca['devices']} devices): MAPE {was}{ca['mape_total']:.1f}%")
-    for line in step_lines:
-        print(f"step part {line}")
-    total = time.perf_counter() - t0
-    print(
-        f"saved {args.out}; wall time {total:.0f} s (measuring compute {t_compute:.0f} s, comm {t_comm:.0f} s, "
-        f"step parts {t_step:.0f} s, fine-tuning {cal['seconds']:.0f} s). Plan with NeuroShardPlanner(topology, cost_model={str(args.out)!r})"
-    )
+    try:  # before anything is measured or written
+        run = Calibration(
+            device, Path(args.data_dir), args.samples, tuple(args.world_size), args.comm_samples, args.step_samples,
+            args.busy_neighbours, args.threads, args.epochs, args.seed,
+        )  # fmt: skip
+    except ShardingError as e:  # a bad flag, reported as argparse reports one
+        raise SystemExit(str(e)) from None
+    warning = busy_machine_warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    done = calibrate(pretrained_for(device.type) if args.base is None else model_named(args.base), run)
+    done.model.save(args.out)
+    for line in summary(done, run, args.out, time.perf_counter() - t0):
+        print(line)
 
 
 def _plan(args: argparse.Namespace) -> None:

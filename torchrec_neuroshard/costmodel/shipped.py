@@ -36,6 +36,13 @@ def load_pretrained(name: str = "cpu") -> NeuralCostModel:
     return NeuralCostModel.load(path)
 
 
+def model_named(name: str | Path) -> NeuralCostModel:
+    """The model in the file ``name`` (a path ending in .pt, or any file that exists), else the
+    shipped model of that name."""
+    path = Path(name)
+    return NeuralCostModel.load(path) if path.suffix == ".pt" or path.exists() else load_pretrained(str(name))
+
+
 @lru_cache(maxsize=None)
 def shipped_hardware() -> dict[str, Hardware]:
     """The hardware each shipped model was measured on, by model name."""
@@ -135,8 +142,7 @@ def cost_model_for(topology: Any, cost_model: NeuralCostModel | str | Path | Non
     elif isinstance(cost_model, NeuralCostModel):
         model = cost_model
     else:
-        path = Path(cost_model)
-        model = NeuralCostModel.load(path) if path.suffix == ".pt" or path.exists() else load_pretrained(str(cost_model))
+        model = model_named(cost_model)
     why = hardware_mismatch(model.hardware, device)
     if why:
         logger.warning("%s", why)
