@@ -126,11 +126,11 @@ class TableSpec:
             raise ShardingError(
                 f"table {self.name!r}: access_hist bin {bad[0][0]} is {bad[0][1]!r}; every bin is a "
                 f"fraction of the table's unique ids, finite and >= 0: re-measure it with "
-                f"tables.profile_batches"
+                f"access.profile_batches"
             )
         total = math.fsum(self.access_hist)
         if abs(total - 1.0) > ACCESS_HIST_TOLERANCE:
-            fix = f"normalise it: divide every bin by {total:.6g}" if total > 0 else "re-measure it with tables.profile_batches"
+            fix = f"normalise it: divide every bin by {total:.6g}" if total > 0 else "re-measure it with access.profile_batches"
             raise ShardingError(f"table {self.name!r}: access_hist sums to {total:.6g}, not 1 (it holds fractions); {fix}")
         object.__setattr__(self, "pooling_factor", float(self.pooling_factor))
         object.__setattr__(self, "access_hist", tuple(float(x) for x in self.access_hist))
@@ -232,4 +232,3 @@ class Shard:
         return shard_storage(
             t.rows, t.dim, self.num_rows, self.width, t.bytes_per_element, t.optimizer_multiplier, io, t.kernel, t.cache_load_factor
         )
-
