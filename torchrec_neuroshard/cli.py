@@ -165,7 +165,15 @@ def _bench(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neuroshard", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    _add_collect(sub)
+    _add_pretrain(sub)
+    _add_calibrate(sub)
+    _add_plan(sub)
+    _add_bench(sub)
+    return p
 
+
+def _add_collect(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("collect", help="measure pre-training samples on this machine")
     c.add_argument("what", choices=["compute", "comm", "step", "noise"])
     c.add_argument("--out", default="neuroshard_data.jsonl", help="JSONL file to append to")
@@ -188,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     c.set_defaults(func=_collect)
 
+
+def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("pretrain", help="train the cost models on collected samples")
     t.add_argument("--data", nargs="+", required=True, help="JSONL(.gz) dataset files")
     t.add_argument("--out", required=True, help="model file to write")
@@ -198,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cores", type=int, help="CPU cores of the machine when the samples do not record them")
     t.set_defaults(func=_pretrain)
 
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     k = sub.add_parser("calibrate", help="fine-tune the shipped cost model to this machine (minutes)")
     k.add_argument("--out", required=True, help="model file to write")
     k.add_argument("--device", choices=["cpu", "cuda"], help="what to calibrate (default: cuda if a GPU is visible, else cpu)")
@@ -221,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--seed", type=int, default=0)
     k.set_defaults(func=_calibrate)
 
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("plan", help="plan a task (JSON from the task generator)")
     pl.add_argument("task", help="task JSON file: one task, or a list of tasks (as benchmarks/tasks/suite.json)")
     pl.add_argument("--index", type=int, help="plan only task N of a list (default: every task)")
@@ -230,11 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.set_defaults(func=_plan)
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (costmodel, search_speed, compare, dmp_step, transfer, fullsize)")
     b.add_argument("which", choices=["costmodel", "search_speed", "compare", "dmp_step", "transfer", "fullsize"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
