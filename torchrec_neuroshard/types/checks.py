@@ -31,4 +31,3 @@ def required_field(d: dict, key: str, what: str) -> object:
     if key not in d:
         raise ShardingError(f"{what} has no {key!r} field; add it (fields: {sorted(d)})")
     return d[key]
-

@@ -350,4 +350,3 @@ class Plan:
         if self.data_parallel:
             lines.append("data parallel: " + " ".join(self.data_parallel))
         return "\n".join(lines)
-
