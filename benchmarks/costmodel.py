@@ -33,19 +33,9 @@ from torchrec_neuroshard.lab.collect_step import step_noise
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
 from torchrec_neuroshard.hardware import local_hardware, model_vs_machine
 from torchrec_neuroshard.lab.launch import default_device
-from torchrec_neuroshard.lab.pretrain import (
-    comm_metrics,
-    compute_metrics,
-    fit_step_parts,
-    kernel_rows,
-    load_comm_data,
-    load_compute_data,
-    load_step_data,
-    mape,
-    spearman,
-    split_by_group,
-    train_comm,
-)
+from torchrec_neuroshard.lab.pretrain import fit_step_parts
+from torchrec_neuroshard.lab.training import comm_metrics, compute_metrics, mape, spearman, train_comm
+from torchrec_neuroshard.lab.training_data import kernel_rows, load_comm_data, load_compute_data, load_step_data, split_by_group
 from torchrec_neuroshard.steparts import PART_FEATURES
 from torchrec_neuroshard.types import TableSpec
 

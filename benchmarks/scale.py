@@ -39,10 +39,10 @@ import torch
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
-from benchmarks.fullsize import TORCHREC_CONFIGS, plan_with
+from benchmarks.fullsize import PLANNERS, plan_with
+from benchmarks.scale_report import MEASURED, PLANNED, write_report
 from torchrec_neuroshard.costmodel import cost_model_for
 from torchrec_neuroshard.hardware import local_hardware
-from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.evaluate import _local_lookups, device_kernel, lookup_groups, task_lookups
 from torchrec_neuroshard.lab.measure_compute import build_kernel, concat_lookups, cpu_threads, measure_replicated_compute, time_forward_backward
@@ -54,11 +54,8 @@ from torchrec_neuroshard.types import Links, Plan, ShardingKind, Task
 
 HERE = Path(__file__).parent
 PLANS_DIR = HERE.parent / "runs" / "scale"
-PLANNED = HERE / "results" / "scale_planned.jsonl.gz"
-MEASURED = HERE / "results" / "scale_measured.jsonl.gz"
 DEVICES = (8, 16, 32, 64, 128)
 SEED = 1
-PLANNERS = ("neuroshard", *TORCHREC_CONFIGS, *BASELINES)
 REPEATS = 3
 """Back-to-back timed steps of a kernel in one round (after one untimed)."""
 CPU = torch.device("cpu")
@@ -198,8 +195,6 @@ def main(argv: list[str] | None = None) -> None:
                     raise ValueError(f"D={d}: the task's tables or batch differ from D={args.devices[0]}'s")
                 measure_all(d, args.rounds, lookups)
         else:
-            from benchmarks.scale_report import write_report
-
             print(write_report(local_hardware("cpu").describe()))
 
 

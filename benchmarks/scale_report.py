@@ -13,12 +13,17 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.scale import MEASURED, PLANNED, PLANNERS
+from benchmarks.fullsize import PLANNERS, TORCHREC_CONFIGS
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 
-RESULT = Path(__file__).parent / "results" / "scale.md"
-TORCHREC_ROWS = ("torchrec_timeout", "torchrec_dp")
+RESULTS = Path(__file__).parent / "results"
+PLANNED = RESULTS / "scale_planned.jsonl.gz"
+"""Each planner's plan and planning time at each D (``scale.py plan`` appends; the last row wins)."""
+MEASURED = RESULTS / "scale_measured.jsonl.gz"
+"""Each device's measured compute of each plan (``scale.py measure`` appends)."""
+RESULT = RESULTS / "scale.md"
+TORCHREC_ROWS = tuple(TORCHREC_CONFIGS)
 
 
 @dataclass(frozen=True)

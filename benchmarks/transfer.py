@@ -7,7 +7,7 @@ For each transfer, base model -> another machine's measured compute samples:
   - cpu.pt (AMD EPYC)            -> Intel Xeon (lab/data/intel_xeon_compute.jsonl.gz)
 a fixed test split (``--test-share`` of the target's sample groups, seed 0) is never used
 for calibration. For n in ``--counts``, the first n of the other samples in calibration's
-covering order (``lab.calibrate.covering_rows``) fine-tune the base (``fine_tune``, the
+covering order (``lab.coverage.covering_rows``) fine-tune the base (``fine_tune``, the
 code ``neuroshard calibrate`` runs), and the test split is scored: fwd+bwd MAPE and
 Spearman, mean over ``--seeds`` fine-tuning seeds, and the fine-tune's wall time (one
 thread). n = 0 is the base as shipped, beside its best single rescale (the median ratio,
@@ -27,16 +27,11 @@ import torch
 
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.hardware import Hardware, local_hardware
-from torchrec_neuroshard.lab.calibrate import covering_rows, fine_tune
+from torchrec_neuroshard.lab.calibrate import fine_tune
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows
-from torchrec_neuroshard.lab.pretrain import (
-    compute_metrics,
-    load_compute_data,
-    mape,
-    spearman,
-    split_by_group,
-    train_compute,
-)
+from torchrec_neuroshard.lab.coverage import covering_rows
+from torchrec_neuroshard.lab.training import compute_metrics, mape, spearman, train_compute
+from torchrec_neuroshard.lab.training_data import load_compute_data, split_by_group
 
 DATA = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 TARGETS = {"H200": DATA / "h200_compute.jsonl.gz", "Intel Xeon": DATA / "intel_xeon_compute.jsonl.gz"}

@@ -33,7 +33,7 @@ from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import append_rows, hardware, read_rows
 from torchrec_neuroshard.lab.evaluate import evaluate_plans
 from torchrec_neuroshard.lab.launch import default_device
-from torchrec_neuroshard.lab.pretrain import spearman
+from torchrec_neuroshard.lab.training import spearman
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 
 HERE = Path(__file__).parent

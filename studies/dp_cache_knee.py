@@ -19,7 +19,8 @@ import torch
 
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.collect_step import DP_KINDS
-from torchrec_neuroshard.lab.pretrain import mape, split_by_group, step_group
+from torchrec_neuroshard.lab.training import mape
+from torchrec_neuroshard.lab.training_data import split_by_group, step_group
 from torchrec_neuroshard.steparts import DP_CACHED_TABLE_MB, LinearPart, dp_features
 
 HERE = Path(__file__).parent

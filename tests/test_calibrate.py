@@ -11,9 +11,11 @@ from torchrec.distributed.planner import Topology
 from torchrec_neuroshard.cli import main
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.hardware import Hardware
-from torchrec_neuroshard.lab.calibrate import calibration_indices, covering_order, covering_rows, fine_tune
+from torchrec_neuroshard.lab.calibrate import fine_tune
+from torchrec_neuroshard.lab.coverage import calibration_indices, covering_order, covering_rows
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows
-from torchrec_neuroshard.lab.pretrain import compute_metrics, load_compute_data
+from torchrec_neuroshard.lab.training import compute_metrics
+from torchrec_neuroshard.lab.training_data import load_compute_data
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables

@@ -10,23 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_neuroshard.costmodel import (
-    POOLING_FEATURE,
-    WIDTH_FEATURE,
-    NeuralCostModel,
-    device_features,
-    feature_range_warning,
-    load_pretrained,
-)
+from torchrec_neuroshard.costmodel import NeuralCostModel, feature_range_warning, load_pretrained
+from torchrec_neuroshard.costmodel.features import POOLING_FEATURE, WIDTH_FEATURE, device_features
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
-from torchrec_neuroshard.lab.pretrain import (
-    add_feature_ranges,
-    kernel_rows,
-    load_compute_data,
-    pretrain,
-    split_by_group,
-    train_compute,
-)
+from torchrec_neuroshard.lab.pretrain import add_feature_ranges, pretrain
+from torchrec_neuroshard.lab.training import train_compute
+from torchrec_neuroshard.lab.training_data import kernel_rows, load_compute_data, split_by_group
 from torchrec_neuroshard.types import Shard, ShardingError
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool, table_spec
 

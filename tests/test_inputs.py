@@ -36,7 +36,7 @@ def task_dict() -> dict:
 @pytest.mark.parametrize(
     "hist, message",
     [
-        ((math.nan,) + (0.0,) * 16, r"table 't': access_hist bin 0 is nan; .*re-measure it with tables.profile_batches"),
+        ((math.nan,) + (0.0,) * 16, r"table 't': access_hist bin 0 is nan; .*re-measure it with access.profile_batches"),
         ((0.5, math.inf) + (0.0,) * 15, r"table 't': access_hist bin 1 is inf"),
         ((1.5, -0.5) + (0.0,) * 15, r"table 't': access_hist bin 1 is -0.5"),
         ((3.0, 1.0) + (0.0,) * 15, r"table 't': access_hist sums to 4, not 1.*normalise it: divide every bin by 4"),

@@ -151,7 +151,7 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
     with pytest.raises(ShardingError, match="model.pt: not a readable torchrec-neuroshard cost model"):
         NeuroShardPlanner(topology(), cost_model=corrupt).plan(two_tower(), SHARDERS)  # loaded on first plan
     # far beyond the comm model's world sizes: planned, its communication priced by the links
-    # (costmodel._within_reach; tests/test_inputs.py checks the model and the warning)
+    # (costmodel.shipped._within_reach; tests/test_inputs.py checks the model and the warning)
     assert NeuroShardPlanner(topology(64)).plan(two_tower(), SHARDERS).plan
 
 

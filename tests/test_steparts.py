@@ -9,7 +9,8 @@ import pytest
 from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.collect_step import STEP_KINDS, collect_step
-from torchrec_neuroshard.lab.pretrain import load_step_data, pretrain
+from torchrec_neuroshard.lab.pretrain import pretrain
+from torchrec_neuroshard.lab.training_data import load_step_data
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.steparts import PART_FEATURES, LinearPart
 from torchrec_neuroshard.types import ShardingError

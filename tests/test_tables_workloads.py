@@ -11,7 +11,8 @@ from tests.models import configs, random_kjt, two_tower
 from torchrec_neuroshard.heuristics import greedy_plan, HEURISTIC_KEYS
 from torchrec_neuroshard.lab.dlrm_dataset import load_dlrm_dataset, save_dlrm_dataset
 from torchrec_neuroshard.access import access_histogram, expected_access_histogram
-from torchrec_neuroshard.tables import profile_batches, tables_from_module
+from torchrec_neuroshard.access import profile_batches
+from torchrec_neuroshard.tables import tables_from_module
 from torchrec_neuroshard.types import InfeasibleError, Plan, ShardingError, TablePlacement, TableSpec, Task
 from torchrec_neuroshard.lab.workloads import (
     DLRM_MEAN_POOLING,

@@ -17,7 +17,7 @@ import importlib
 
 _EXPORTS = {
     "access_histogram": "access",
-    "profile_batches": "tables",
+    "profile_batches": "access",
     "tables_from_module": "tables",
     "CostModel": "types",
     "DeviceCost": "types",

@@ -1,15 +1,21 @@
-"""Access-histogram maths, in one place: binning measured indices, and the histogram a
+"""Access-histogram maths, in one place: binning measured indices, the histogram a
 power-law access model is expected to give (the default for a table known only from its
-config is uniform access: alpha = 0)."""
+config is uniform access: alpha = 0), and each table's pooling factor and histogram
+measured from real batches (``profile_batches``)."""
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
 import torch
 
-from torchrec_neuroshard.types import NUM_ACCESS_BINS
+from torchrec_neuroshard.types import NUM_ACCESS_BINS, ShardingError
+
+if TYPE_CHECKING:
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 
 def access_bin(counts: np.ndarray) -> np.ndarray:
@@ -105,3 +111,50 @@ def expected_unique(rows: int, lookups: float, alpha: float, active_ratio: float
     """Expected number of distinct rows among ``lookups`` draws (same model as above)."""
     p, sizes = _rank_probabilities(active_rows(rows, lookups, active_ratio), alpha)
     return float((sizes * -np.expm1(-p * lookups)).sum())
+
+
+def profile_batches(
+    batches: Iterable[KeyedJaggedTensor],
+    feature_to_table: Mapping[str, str],
+) -> tuple[dict[str, float], dict[str, tuple[float, ...]]]:
+    """Measure pooling factor and access histogram of each table from real KJT batches.
+
+    Args:
+        batches: KeyedJaggedTensors, one per global batch.
+        feature_to_table: KJT key -> table name (several features may share a table).
+
+    Returns:
+        (pooling factor per table: mean lookups per sample summed over its features,
+         access histogram per table: averaged over batches, each batch's ids pooled over
+         the table's features).
+    """
+    lookups: dict[str, int] = defaultdict(int)
+    samples: dict[str, int] = defaultdict(int)
+    hist_sum: dict[str, np.ndarray] = {}
+    hist_n: dict[str, int] = defaultdict(int)
+    for kjt in batches:
+        per_table: dict[str, list[torch.Tensor]] = defaultdict(list)
+        batch = kjt.stride()
+        for key, jt in kjt.to_dict().items():
+            table = feature_to_table.get(key)
+            if table is None:
+                continue
+            values = jt.values()
+            per_table[table].append(values)
+            lookups[table] += values.numel()
+        for table, vals in per_table.items():
+            samples[table] += batch
+            h = np.asarray(access_histogram(torch.cat(vals).cpu()))
+            hist_sum[table] = hist_sum.get(table, 0) + h
+            hist_n[table] += 1
+    if not samples:
+        raise ShardingError(
+            "profile_batches saw no feature of any known table; check feature_to_table "
+            f"(knows {sorted(feature_to_table)[:8]}...)"
+        )
+    # A table looked up by several features sums their lookups per sample.
+    pooling = {t: lookups[t] / (samples[t]) for t in samples}
+    hists = {t: tuple(float(x) for x in hist_sum[t] / hist_n[t]) for t in hist_sum}
+    if any(not math.isfinite(v) for v in pooling.values()):
+        raise ShardingError("profiling produced a non-finite pooling factor")
+    return pooling, hists

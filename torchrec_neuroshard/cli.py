@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import statistics
 import sys
 import time
@@ -65,102 +64,29 @@ def _pretrain(args: argparse.Namespace) -> None:
     print(f"saved {args.out} (trained in {model.meta['train_seconds']} s)")
 
 
-def _check_calibrate_counts(args: argparse.Namespace) -> None:
-    """Refuse sample counts that would measure nothing (and leave empty sample files)."""
-    if args.samples < 1:
-        raise SystemExit(f"--samples {args.samples}: calibrate fine-tunes on measured compute samples; give 1 or more (default 200)")
-    if args.world_size and args.comm_samples < 1:
-        raise SystemExit(f"--comm-samples {args.comm_samples} with --world-size: give 1 or more comm samples per world size")
-    if args.step_samples < 0:
-        raise SystemExit(f"--step-samples {args.step_samples}: give 0 (keep the step parts) or more")
-
-
 def _calibrate(args: argparse.Namespace) -> None:
     import torch
 
-    from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained, pretrained_for
-    from torchrec_neuroshard.hardware import cpu_cores
-    from torchrec_neuroshard.lab import collect
-    from torchrec_neuroshard.lab.calibrate import CALIBRATION_SEED, busy_neighbours, calibration_indices, fine_tune
+    from torchrec_neuroshard.costmodel import model_named, pretrained_for
+    from torchrec_neuroshard.lab.calibrate import Calibration, busy_machine_warning, calibrate, summary
     from torchrec_neuroshard.lab.launch import default_device
-    from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 
-    _check_calibrate_counts(args)  # before anything is measured or written
     t0 = time.perf_counter()
     device = torch.device(args.device) if args.device else default_device()
-    load, cores = os.getloadavg()[0], cpu_cores()
-    if load > cores:
-        print(
-            f"warning: this machine is busy (load average {load:.1f} on {cores} cores): the samples measured "
-            "now will time a loaded machine, and so will the calibrated model. Calibrate on a quiet machine.",
-            file=sys.stderr,
-        )
-    if args.base is None:
-        base = pretrained_for(device.type)
-    elif Path(args.base).suffix == ".pt" or Path(args.base).exists():
-        base = NeuralCostModel.load(args.base)
-    else:
-        base = load_pretrained(args.base)
-    scale = WorkloadScale.for_device(device)
-    data_dir = Path(args.data_dir)
-    if args.busy_neighbours < 0:
-        raise SystemExit(f"--busy-neighbours {args.busy_neighbours}: a count of processes, 0 or more")
-    if args.step_samples and not args.world_size:
-        raise SystemExit(f"--step-samples {args.step_samples} measures the step's parts at --world-size sizes; give them")
-    if args.busy_neighbours and device.type != "cpu":
-        raise SystemExit("--busy-neighbours times CPU kernels beside other ranks' kernels; a GPU's ranks do not share it")
-    busy = f"_busy{args.busy_neighbours}" if args.busy_neighbours else ""  # samples of another condition, kept apart
-    compute_path, comm_path = data_dir / f"compute{busy}.jsonl", data_dir / "comm.jsonl"
-    indices = calibration_indices(synthetic_pool(), scale, args.samples)
-    with busy_neighbours(args.busy_neighbours, scale):
-        collect.collect_compute(
-            compute_path, args.samples, device, scale, seed=CALIBRATION_SEED, num_threads=args.threads, sample_indices=indices
-        )
-    t_compute = time.perf_counter() - t0
-    for d in args.world_size:
-        collect.collect_comm(comm_path, d, args.comm_samples, seed=CALIBRATION_SEED)
-    t_comm = time.perf_counter() - t0 - t_compute
-    rows = collect.read_rows(compute_path)[: args.samples]
-    for d in args.world_size:
-        rows += [r for r in collect.iter_kind(collect.read_rows(comm_path), "comm") if r["world_size"] == d][: args.comm_samples]
-    model = fine_tune(base, rows, epochs=args.epochs, seed=args.seed)
-    step_lines: list[str] = []
-    t_before_step = time.perf_counter()
-    if args.step_samples:  # with --world-size (checked above)
-        from torchrec_neuroshard.lab.collect_step import collect_step
-        from torchrec_neuroshard.lab.refit_steps import refit_meta
-
-        step_path = data_dir / "step.jsonl"
-        collect_step(step_path, args.step_samples, args.world_size, seed=CALIBRATION_SEED)
-        meta, step_lines = refit_meta(model.meta, collect.read_rows(step_path))
-        model = NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
-        model.meta["calibration"]["step_samples"] = args.step_samples
-    t_step = time.perf_counter() - t_before_step
-    model.meta["calibration"]["busy_neighbours"] = args.busy_neighbours
-    model.save(args.out)
-    cal = model.meta["calibration"]
-    before, after = cal["compute_holdout"]["before"], cal["compute_holdout"]["after"]
-    print(
-        f"calibrated {cal['base']['hardware']['device']} {cal['base']['hardware'].get('device_name')} model to "
-        f"{model.hardware.describe()} on {cal['compute_samples']} compute samples"
-        + (f" and {cal['comm_samples']} comm samples (D={args.world_size})" if "comm_samples" in cal else "")
-        + (f", compute timed beside {args.busy_neighbours} busy neighbour(s)" if args.busy_neighbours else "")
-    )
-    print(
-        f"held-out compute fwd+bwd ({before['samples']} samples): MAPE {before['mape_total']:.1f}% -> "
-        f"{after['mape_total']:.1f}%, Spearman {before['spearman_total']:.3f} -> {after['spearman_total']:.3f}"
-    )
-    if "comm_holdout" in cal:
-        cb, ca = cal["comm_holdout"]["before"], cal["comm_holdout"]["after"]
-        was = f"{cb['mape_total']:.1f}% -> " if cb else "(trained from scratch) "
-        print(f"held-out comm per device ({ca['devices']} devices): MAPE {was}{ca['mape_total']:.1f}%")
-    for line in step_lines:
-        print(f"step part {line}")
-    total = time.perf_counter() - t0
-    print(
-        f"saved {args.out}; wall time {total:.0f} s (measuring compute {t_compute:.0f} s, comm {t_comm:.0f} s, "
-        f"step parts {t_step:.0f} s, fine-tuning {cal['seconds']:.0f} s). Plan with NeuroShardPlanner(topology, cost_model={str(args.out)!r})"
-    )
+    try:  # before anything is measured or written
+        run = Calibration(
+            device, Path(args.data_dir), args.samples, tuple(args.world_size), args.comm_samples, args.step_samples,
+            args.busy_neighbours, args.threads, args.epochs, args.seed,
+        )  # fmt: skip
+    except ShardingError as e:  # a bad flag, reported as argparse reports one
+        raise SystemExit(str(e)) from None
+    warning = busy_machine_warning()
+    if warning:
+        print(warning, file=sys.stderr)
+    done = calibrate(pretrained_for(device.type) if args.base is None else model_named(args.base), run)
+    done.model.save(args.out)
+    for line in summary(done, run, args.out, time.perf_counter() - t0):
+        print(line)
 
 
 def _plan(args: argparse.Namespace) -> None:
@@ -239,7 +165,15 @@ def _bench(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neuroshard", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    _add_collect(sub)
+    _add_pretrain(sub)
+    _add_calibrate(sub)
+    _add_plan(sub)
+    _add_bench(sub)
+    return p
 
+
+def _add_collect(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("collect", help="measure pre-training samples on this machine")
     c.add_argument("what", choices=["compute", "comm", "step", "noise"])
     c.add_argument("--out", default="neuroshard_data.jsonl", help="JSONL file to append to")
@@ -262,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     c.set_defaults(func=_collect)
 
+
+def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("pretrain", help="train the cost models on collected samples")
     t.add_argument("--data", nargs="+", required=True, help="JSONL(.gz) dataset files")
     t.add_argument("--out", required=True, help="model file to write")
@@ -272,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--cores", type=int, help="CPU cores of the machine when the samples do not record them")
     t.set_defaults(func=_pretrain)
 
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     k = sub.add_parser("calibrate", help="fine-tune the shipped cost model to this machine (minutes)")
     k.add_argument("--out", required=True, help="model file to write")
     k.add_argument("--device", choices=["cpu", "cuda"], help="what to calibrate (default: cuda if a GPU is visible, else cpu)")
@@ -295,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--seed", type=int, default=0)
     k.set_defaults(func=_calibrate)
 
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("plan", help="plan a task (JSON from the task generator)")
     pl.add_argument("task", help="task JSON file: one task, or a list of tasks (as benchmarks/tasks/suite.json)")
     pl.add_argument("--index", type=int, help="plan only task N of a list (default: every task)")
@@ -304,11 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--seed", type=int, default=0)
     pl.set_defaults(func=_plan)
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser("bench", help="run a benchmark from benchmarks/ (costmodel, search_speed, compare, dmp_step, transfer, fullsize)")
     b.add_argument("which", choices=["costmodel", "search_speed", "compare", "dmp_step", "transfer", "fullsize"])
     b.add_argument("rest", nargs=argparse.REMAINDER)
     b.set_defaults(func=_bench)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

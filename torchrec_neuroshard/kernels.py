@@ -9,7 +9,7 @@ A table's weights live where its kernel keeps them (TorchRec's ``EmbeddingComput
 
 ``shard_storage`` is TorchRec 1.8's ``calculate_shard_storages`` for these kernels
 (training, no pipelining) on a cuda topology, to the byte: the tests compare it with
-TorchRec's ``EmbeddingStorageEstimator``. This module imports nothing of the package, so
+TorchRec's ``EmbeddingStorageEstimator``. This module imports only the package's errors, so
 ``types`` can count every plan's memory with it.
 """
 
@@ -18,6 +18,8 @@ from __future__ import annotations
 import enum
 import math
 import numbers
+
+from torchrec_neuroshard.errors import ShardingError
 
 
 class ComputeKernel(str, enum.Enum):
@@ -42,11 +44,6 @@ CACHE_AUX_BYTES_PER_ROW = 4
 """UVM caching's ``cache_index_table_map``: one int32 per row of the table (shard)."""
 CACHE_AUX_BYTES_PER_SLOT = 16
 """UVM caching's ``lxu_cache_state`` and ``lru_state``: two int64 per cache slot."""
-
-
-class ShardingError(ValueError):
-    """A task, a plan or a TorchRec input that cannot be turned into a valid sharding
-    (``types`` re-exports it: the package's one error type for bad input)."""
 
 
 def kernel_of(value: object, table: str) -> ComputeKernel:

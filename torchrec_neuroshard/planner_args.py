@@ -225,7 +225,7 @@ def check_constraints(constraints: Mapping[str, ParameterConstraints] | None, co
         if c.cache_params is not None and c.cache_params.stats is not None:
             raise ShardingError(
                 f"table {name!r}: constraint cache_params.stats: NeuroShardPlanner prices a UVM cache from the "
-                "table's access histogram (access_hists=, tables.profile_batches), not from CacheStatistics; "
+                "table's access histogram (access_hists=, access.profile_batches), not from CacheStatistics; "
                 "drop stats (keep the other cache_params), or plan this table with TorchRec's planner"
             )
         if c.device_group is not None and c.device_group != compute_device:

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.types import ShardingError
+from torchrec_neuroshard.errors import ShardingError
 
 MB = 1e6
 

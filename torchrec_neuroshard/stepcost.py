@@ -30,7 +30,7 @@ one sharded module; a model of several (``Task.modules``: TorchRec shards each
 EmbeddingBagCollection apart) pays each module's slowest device in turn, since the
 module's collectives hold every rank until the slowest arrives. So the step is the sum
 over modules of each one's max over devices, and a plan balanced only in its per-device
-totals can still wait on every module (measured: ``benchmarks/module_sync.py``).
+totals can still wait on every module (measured: ``studies/module_sync.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from torchrec_neuroshard.comm import AlphaBetaComm
+from torchrec_neuroshard.hosts import host_ranks
 from torchrec_neuroshard.steparts import StepParts, collective_features, dp_features, input_dist_features
 from torchrec_neuroshard.types import (
     CostModel,
@@ -51,7 +52,6 @@ from torchrec_neuroshard.types import (
     TablePlacement,
     TableSpec,
     Task,
-    host_ranks,
 )
 
 INDEX_BYTES = 8
@@ -225,26 +225,7 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     parts = model.step_parts
     collectives = Collectives.of(model, task)
     by_name = {t.name: t for t in task.tables}
-
-    # one lookup group per kind (TorchRec runs a kernel and a set of collectives for each)
-    groups: dict[ShardingKind, list[list[Shard]]] = {}
-    replicated: list[TableSpec] = []
-    for p in plan.placements:
-        table = by_name[p.table]
-        if p.kind is ShardingKind.DATA_PARALLEL:
-            replicated.append(table)
-            continue
-        if p.kind not in groups:  # (not setdefault: its default would be built for every table)
-            groups[p.kind] = [[] for _ in range(world)]
-        group = groups[p.kind]
-        if p.kind.splits_columns:
-            for w, d in zip(p.widths, p.devices):
-                group[d].append(Shard(table, w))
-        else:
-            for d, block in row_blocks(table, p):
-                group[d].append(Shard(block, table.dim))
-    column = [groups[k] for k in ShardingKind if k in groups and k.splits_columns]
-    row = [groups[k] for k in ShardingKind if k in groups and k.splits_rows]
+    column, row, replicated = _lookup_groups(plan, by_name, world)
 
     # every group's kernel on every device, in one prediction: [G * D, 2] -> [D, 2]
     def kernels(of: list[list[list[Shard]]]) -> np.ndarray:
@@ -275,19 +256,8 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     if world > 1 and row and collectives.splits_rows():
         out.update(_row_collectives(collectives, task, plan, by_name))
 
-    # each column group's pooled all-to-all; the first is entered when the device's forward
-    # is done (its lateness is waited for once), the others follow in step
     fwd_ready = out["input_dist"] + col[:, 0] + rw[:, 0] + out["dp_fwd"]
-    a2a = np.zeros((world, 2))
-    if world > 1:
-        skew = fwd_ready - fwd_ready.min()
-        for group in column:
-            dims = np.asarray([[sum(s.width for s in dev) for dev in group]], dtype=np.float64)  # [1, D]
-            cost = model.comm_cost_array(dims, skew[None])[0].astype(np.float64)  # [D, 2]
-            if collectives.links is not None:  # never below its bytes across hosts
-                cost = np.maximum(cost, collectives.links.cross_host_ms(_everyone_sends(dims[0] * local * POOLED_BYTES))[:, None])
-            a2a = a2a + cost
-            skew = np.zeros(world)
+    a2a = _pooled_all_to_alls(model, collectives, column, fwd_ready, local) if world > 1 else np.zeros((world, 2))
     out["a2a_fwd"], out["a2a_bwd"] = a2a[:, 0], a2a[:, 1]
 
     fwd_compute = col[:, 0] + rw[:, 0] + out["dp_fwd"]
@@ -301,6 +271,51 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
         parts={k: tuple(float(x) for x in v) for k, v in out.items()},
     )
 
+
+def _lookup_groups(
+    plan: Plan, by_name: dict[str, TableSpec], world: int
+) -> tuple[list[list[list[Shard]]], list[list[list[Shard]]], list[TableSpec]]:
+    """The plan's lookup groups, one per sharding kind (TorchRec runs a kernel and a set of
+    collectives for each), each the shards of every device [D][shards]: the column kinds'
+    groups, the row kinds' groups (in ``ShardingKind`` order), and the replicated tables."""
+    groups: dict[ShardingKind, list[list[Shard]]] = {}
+    replicated: list[TableSpec] = []
+    for p in plan.placements:
+        table = by_name[p.table]
+        if p.kind is ShardingKind.DATA_PARALLEL:
+            replicated.append(table)
+            continue
+        if p.kind not in groups:  # (not setdefault: its default would be built for every table)
+            groups[p.kind] = [[] for _ in range(world)]
+        group = groups[p.kind]
+        if p.kind.splits_columns:
+            for w, d in zip(p.widths, p.devices):
+                group[d].append(Shard(table, w))
+        else:
+            for d, block in row_blocks(table, p):
+                group[d].append(Shard(block, table.dim))
+    column = [groups[k] for k in ShardingKind if k in groups and k.splits_columns]
+    row = [groups[k] for k in ShardingKind if k in groups and k.splits_rows]
+    return column, row, replicated
+
+
+def _pooled_all_to_alls(
+    model: CostModel, collectives: Collectives, column: list[list[list[Shard]]], fwd_ready: np.ndarray, local: float
+) -> np.ndarray:
+    """(forward, backward) ms [D, 2] of each column group's pooled all-to-all, the devices
+    ready for the first at ``fwd_ready`` [D]: the first is entered when the device's forward
+    is done (its lateness is waited for once), the others follow in step."""
+    world = len(fwd_ready)
+    a2a = np.zeros((world, 2))
+    skew = fwd_ready - fwd_ready.min()
+    for group in column:
+        dims = np.asarray([[sum(s.width for s in dev) for dev in group]], dtype=np.float64)  # [1, D]
+        cost = model.comm_cost_array(dims, skew[None])[0].astype(np.float64)  # [D, 2]
+        if collectives.links is not None:  # never below its bytes across hosts
+            cost = np.maximum(cost, collectives.links.cross_host_ms(_everyone_sends(dims[0] * local * POOLED_BYTES))[:, None])
+        a2a = a2a + cost
+        skew = np.zeros(world)
+    return a2a
 
 def _row_collectives(
     collectives: Collectives, task: Task, plan: Plan, by_name: dict[str, TableSpec]

@@ -1,25 +1,22 @@
-"""Tables from TorchRec modules and from data: ``TableSpec`` construction and profiling."""
+"""Tables from TorchRec modules: ``TableSpec``s and what the search may do with each, read
+from a model's modules, their sharders and constraints; and a module built from tables."""
 
 from __future__ import annotations
 
 import logging
-import math
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import nn
 
-from torchrec_neuroshard.access import access_histogram, uniform_access_histogram
+from torchrec_neuroshard.access import uniform_access_histogram
 from torchrec_neuroshard.kernels import ComputeKernel, check_cache_load_factor
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableChoices, TableSpec
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import ModuleSharder
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +186,7 @@ def module_tables(
         constraints: TorchRec ``ParameterConstraints`` by table name. Read here:
             ``sharding_types``, ``min_partition``, ``pooling_factors`` (summed over the
             table's features; default ``DEFAULT_POOLING_FACTOR``), ``compute_kernels``.
-        access_hists: measured histograms by table name (``profile_batches``); default the
+        access_hists: measured histograms by table name (``access.profile_batches``); default the
             uniform-access histogram for the table's rows and lookups.
         sharders: decide which modules are planned and with which sharding kinds (each
             sharder's ``sharding_types(compute_device)``); default TorchRec's defaults.
@@ -197,9 +194,7 @@ def module_tables(
     constraints = constraints or {}
     access_hists = access_hists or {}
     found: list[ModuleTable] = []
-    seen: set[str] = set()
     for path, offered, kernels, config, pooled, dtype, weight in _walk(module, sharders, compute_device):
-        seen.add(config.name)
         c = constraints.get(config.name)
         pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
         hist = access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
@@ -214,34 +209,48 @@ def module_tables(
             pooled=pooled,
             optimizer_multiplier=_optimizer_multiplier(weight),
         )
-        allowed = offered
-        min_width = WIDTH_ALIGNMENT if pooled else sequence_min_width(spec.dim)
-        load_factor = None
-        if c is not None:
-            kernels, load_factor = _constrained_kernels(config.name, kernels, c, compute_device)
-            if c.sharding_types:
-                allowed = allowed & _kinds(c.sharding_types, f"table {config.name!r}")
-            if c.min_partition is not None:
-                if c.min_partition <= 0 or c.min_partition % WIDTH_ALIGNMENT:
-                    raise ShardingError(
-                        f"table {config.name!r}: min_partition {c.min_partition} must be a "
-                        f"positive multiple of {WIDTH_ALIGNMENT}"
-                    )
-                min_width = max(min_width, int(c.min_partition))
-        if not allowed:
-            unplanned = sorted(set(c.sharding_types) - {k.value for k in ShardingKind})
-            why = (
-                f"NeuroShard does not plan {unplanned} yet (plan such tables with TorchRec's "
-                "EmbeddingShardingPlanner)" if unplanned else f"the sharder of module {path!r} offers none of them"
-            )
-            raise ShardingError(
-                f"table {config.name!r}: its constraints allow {list(c.sharding_types)}, and {why}; allow one of "
-                f"{sorted(k.value for k in offered)}, the kinds NeuroShard plans that this sharder offers"
-            )
-        found.append(ModuleTable(path, spec, allowed, min_width, kernels, load_factor))
-    for name in sorted(set(constraints) - set(seen)):
+        found.append(_constrained(path, spec, offered, kernels, c, compute_device))
+    for name in sorted(set(constraints) - {t.spec.name for t in found}):
         logger.warning("constraints name table %r, which the module does not have", name)
     return tuple(found)
+
+
+def _constrained(
+    path: str,
+    spec: TableSpec,
+    offered: frozenset[ShardingKind],
+    kernels: frozenset[ComputeKernel],
+    c: ParameterConstraints | None,
+    compute_device: str,
+) -> ModuleTable:
+    """The table ``spec`` of the module at ``path`` with what its sharder ``offered`` (kinds,
+    ``kernels``) narrowed by its constraints ``c`` (``sharding_types``, ``min_partition``,
+    ``compute_kernels``); a ``ShardingError`` naming the fix when they leave no kind."""
+    allowed = offered
+    min_width = WIDTH_ALIGNMENT if spec.pooled else sequence_min_width(spec.dim)
+    load_factor = None
+    if c is not None:
+        kernels, load_factor = _constrained_kernels(spec.name, kernels, c, compute_device)
+        if c.sharding_types:
+            allowed = allowed & _kinds(c.sharding_types, f"table {spec.name!r}")
+        if c.min_partition is not None:
+            if c.min_partition <= 0 or c.min_partition % WIDTH_ALIGNMENT:
+                raise ShardingError(
+                    f"table {spec.name!r}: min_partition {c.min_partition} must be a "
+                    f"positive multiple of {WIDTH_ALIGNMENT}"
+                )
+            min_width = max(min_width, int(c.min_partition))
+    if not allowed:
+        unplanned = sorted(set(c.sharding_types) - {k.value for k in ShardingKind})
+        why = (
+            f"NeuroShard does not plan {unplanned} yet (plan such tables with TorchRec's "
+            "EmbeddingShardingPlanner)" if unplanned else f"the sharder of module {path!r} offers none of them"
+        )
+        raise ShardingError(
+            f"table {spec.name!r}: its constraints allow {list(c.sharding_types)}, and {why}; allow one of "
+            f"{sorted(k.value for k in offered)}, the kinds NeuroShard plans that this sharder offers"
+        )
+    return ModuleTable(path, spec, allowed, min_width, kernels, load_factor)
 
 
 def sharder_choices(tables: Iterable[TableSpec], compute_device: str) -> dict[str, TableChoices]:
@@ -328,53 +337,6 @@ def _constrained_kernels(
                 "or allow fused_uvm_caching (on cuda)"
             )
     return kernels, load_factor
-
-
-def profile_batches(
-    batches: Iterable[KeyedJaggedTensor],
-    feature_to_table: Mapping[str, str],
-) -> tuple[dict[str, float], dict[str, tuple[float, ...]]]:
-    """Measure pooling factor and access histogram of each table from real KJT batches.
-
-    Args:
-        batches: KeyedJaggedTensors, one per global batch.
-        feature_to_table: KJT key -> table name (several features may share a table).
-
-    Returns:
-        (pooling factor per table: mean lookups per sample summed over its features,
-         access histogram per table: averaged over batches, each batch's ids pooled over
-         the table's features).
-    """
-    lookups: dict[str, int] = defaultdict(int)
-    samples: dict[str, int] = defaultdict(int)
-    hist_sum: dict[str, np.ndarray] = {}
-    hist_n: dict[str, int] = defaultdict(int)
-    for kjt in batches:
-        per_table: dict[str, list[torch.Tensor]] = defaultdict(list)
-        batch = kjt.stride()
-        for key, jt in kjt.to_dict().items():
-            table = feature_to_table.get(key)
-            if table is None:
-                continue
-            values = jt.values()
-            per_table[table].append(values)
-            lookups[table] += values.numel()
-        for table, vals in per_table.items():
-            samples[table] += batch
-            h = np.asarray(access_histogram(torch.cat(vals).cpu()))
-            hist_sum[table] = hist_sum.get(table, 0) + h
-            hist_n[table] += 1
-    if not samples:
-        raise ShardingError(
-            "profile_batches saw no feature of any known table; check feature_to_table "
-            f"(knows {sorted(feature_to_table)[:8]}...)"
-        )
-    # A table looked up by several features sums their lookups per sample.
-    pooling = {t: lookups[t] / (samples[t]) for t in samples}
-    hists = {t: tuple(float(x) for x in hist_sum[t] / hist_n[t]) for t in hist_sum}
-    if any(not math.isfinite(v) for v in pooling.values()):
-        raise ShardingError("profiling produced a non-finite pooling factor")
-    return pooling, hists
 
 
 def module_for_tables(tables: Iterable[TableSpec], device: str = "meta") -> nn.Module:

@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from torchrec_neuroshard.hosts import spread_over_hosts
 from torchrec_neuroshard.tables import ModuleTable
-from torchrec_neuroshard.types import InfeasibleError, Plan, ShardingKind, TablePlacement, spread_over_hosts
+from torchrec_neuroshard.types import InfeasibleError, Plan, ShardingKind, TablePlacement
 
 COLUMN_KINDS = frozenset(k for k in ShardingKind if k.splits_columns)
 ROW_KINDS = frozenset(k for k in ShardingKind if k.splits_rows)

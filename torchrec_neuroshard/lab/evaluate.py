@@ -79,6 +79,29 @@ class PlanMeasurement:
         """Interquartile range of the per-round embedding cost."""
         return Timing.of(self.round_costs_ms).iqr_ms
 
+    @staticmethod
+    def of_rounds(
+        compute: Sequence[Sequence[tuple[float, float]]], comm: Sequence[tuple[Sequence[float], Sequence[float], Sequence[float]]]
+    ) -> "PlanMeasurement":
+        """The measurement of R rounds of a plan on D devices: ``compute[r][d]`` the (forward,
+        backward) kernel ms of device d in round r, ``comm[r]`` the (input, forward,
+        backward) all-to-all ms of each device in round r; per-device medians over rounds."""
+        per_round = [
+            [DeviceCost(cf, cb, i + ff, fb) for (cf, cb), i, ff, fb in zip(round_compute, *round_comm)]
+            for round_compute, round_comm in zip(compute, comm)
+        ]  # [R][D]
+        fields = ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm")
+        num_devices = len(compute[0])
+        devices = tuple(
+            DeviceCost(*(statistics.median(getattr(pr[d], f) for pr in per_round) for f in fields)) for d in range(num_devices)
+        )
+        return PlanMeasurement(
+            devices=devices,
+            cost_ms=max(d.total for d in devices),
+            round_costs_ms=tuple(max(d.total for d in pr) for pr in per_round),
+            input_comm_ms=tuple(statistics.median(inputs[d] for inputs, _, _ in comm) for d in range(num_devices)),
+        )
+
 
 def task_lookups(task: Task, seed: int = 0) -> dict[str, Lookups]:
     """Synthetic bags for every table of a task, reproducing each table's statistics."""
@@ -277,29 +300,7 @@ def evaluate_plans(
         comm = spawn(_comm_worker, task.num_devices, jobs)[0]
     else:
         comm = [((0.0,), (0.0,), (0.0,))] * len(jobs)
-    out = []
-    fields = ("fwd_compute", "bwd_compute", "fwd_comm", "bwd_comm")
-    for k in range(len(ours)):
-        per_round, inputs = [], []
-        for r in range(rounds):
-            input_c, fwd_c, bwd_c = comm[r * len(ours) + k]
-            inputs.append(input_c)
-            per_round.append(
-                [DeviceCost(cf, cb, i + ff, fb) for (cf, cb), i, ff, fb in zip(compute[k][r], input_c, fwd_c, bwd_c)]
-            )
-        devices = tuple(
-            DeviceCost(*(statistics.median(getattr(pr[d], f) for pr in per_round) for f in fields))
-            for d in range(task.num_devices)
-        )
-        out.append(
-            PlanMeasurement(
-                devices=devices,
-                cost_ms=max(d.total for d in devices),
-                round_costs_ms=tuple(max(d.total for d in pr) for pr in per_round),
-                input_comm_ms=tuple(statistics.median(i[d] for i in inputs) for d in range(task.num_devices)),
-            )
-        )
-    return out
+    return [PlanMeasurement.of_rounds(compute[k], [comm[r * len(ours) + k] for r in range(rounds)]) for k in range(len(ours))]
 
 
 def evaluate_plan(task: Task, plan: Plan | ShardingPlan, **kwargs: object) -> PlanMeasurement:

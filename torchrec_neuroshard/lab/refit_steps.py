@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.pretrain import fit_step_parts, load_step_data, mape, split_by_group
+from torchrec_neuroshard.lab.pretrain import fit_step_parts
+from torchrec_neuroshard.lab.training import mape
+from torchrec_neuroshard.lab.training_data import load_step_data, split_by_group
 from torchrec_neuroshard.steparts import LinearPart
 from torchrec_neuroshard.types import ShardingError
 

@@ -1,0 +1,121 @@
+"""The cost model file: its format, its versions, and reading and writing it.
+
+A file holds the compute net, the sequence net and the neural comm net where there are
+(an alpha-beta comm is rebuilt from the topology, never saved), their constructor args and
+normalisers, and the model's ``meta``: the hardware its samples were measured on (a file
+without a valid record is corrupt), the batch size and the training record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchrec_neuroshard.costmodel.features import DEVICE_FEATURES, SHARD_FEATURES, Normalizer
+from torchrec_neuroshard.costmodel.nets import CommNet, ComputeNet
+from torchrec_neuroshard.hardware import Hardware
+from torchrec_neuroshard.types import ShardingError
+
+FEATURE_VERSION = 1
+MODEL_FORMAT = "torchrec-neuroshard/costmodel"
+FORMAT_VERSION = 3
+"""1: compute and comm nets always present. 2: the comm net is optional (a model measured on
+one GPU has none) and ``meta["hardware"]`` records the core count of a CPU. 3: an optional
+second compute net for the unpooled (sequence, EmbeddingCollection) kernel. The meta also
+records each compute net's ``feature_range``, added without a new version: older readers
+ignore it, and files without it load with a warning."""
+
+CORRUPT_ERRORS = (KeyError, RuntimeError, TypeError, ValueError)
+"""What a file with missing or malformed parts raises as it is read."""
+
+
+def corrupt(path: Path, error: Exception) -> ShardingError:
+    """The error for a model file at ``path`` whose parts are missing or malformed."""
+    return ShardingError(f"{path}: cost model file is incomplete or corrupt: {error}")
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """What a model file holds: each net with its normaliser (``comm`` and ``sequence``
+    None where the file has none) and the model's ``meta``."""
+
+    compute: tuple[ComputeNet, Normalizer]
+    comm: tuple[CommNet, Normalizer] | None
+    sequence: tuple[ComputeNet, Normalizer] | None
+    meta: dict[str, Any]
+
+    def write(self, path: str | Path) -> None:
+        blob = {
+            "format": MODEL_FORMAT,
+            "format_version": FORMAT_VERSION,
+            "feature_version": FEATURE_VERSION,
+            "shard_features": list(SHARD_FEATURES),
+            "device_features": list(DEVICE_FEATURES),
+            "compute_state": self.compute[0].state_dict(),
+            "compute_norm": self.compute[1].state(),
+            "meta": self.meta,
+        }
+        for key, part in (("sequence", self.sequence), ("comm", self.comm)):
+            if part is not None:
+                blob[f"{key}_state"] = part[0].state_dict()
+                blob[f"{key}_norm"] = part[1].state()
+        torch.save(blob, Path(path))
+
+    @staticmethod
+    def read(path: str | Path) -> "ModelFile":
+        """The parts of the model file at ``path``; a missing, corrupt or incompatible file is
+        a ``ShardingError`` saying what to do."""
+        path = Path(path)
+        blob = _read_blob(path)
+        try:
+            meta = blob["meta"]
+            compute = ComputeNet(**meta["compute_config"])
+            compute.load_state_dict(blob["compute_state"])
+            comm = None
+            if "comm_state" in blob:
+                net = CommNet(**meta["comm_config"])
+                net.load_state_dict(blob["comm_state"])
+                comm = (net, Normalizer.from_state(blob["comm_norm"]))
+            sequence = None
+            if "sequence_state" in blob:
+                seq_net = ComputeNet(**meta["sequence"]["compute_config"])
+                seq_net.load_state_dict(blob["sequence_state"])
+                sequence = (seq_net, Normalizer.from_state(blob["sequence_norm"]))
+            Hardware.from_record(meta["hardware"])  # a file without a valid hardware record is corrupt
+            return ModelFile((compute, Normalizer.from_state(blob["compute_norm"])), comm, sequence, meta)
+        except CORRUPT_ERRORS as e:
+            raise corrupt(path, e) from e
+
+
+def _read_blob(path: Path) -> dict:
+    """The unpickled file at ``path``, checked to be a model file of a format and feature
+    version this package reads."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ShardingError(f"{path}: cost model file not found") from None
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt file
+        raise ShardingError(
+            f"{path}: not a readable torchrec-neuroshard cost model ({type(e).__name__}); "
+            "re-download it or re-run `neuroshard pretrain`"
+        ) from e
+    if not isinstance(blob, dict) or blob.get("format") != MODEL_FORMAT:
+        raise ShardingError(f"{path}: not a torchrec-neuroshard cost model file")
+    if blob.get("format_version", 1) > FORMAT_VERSION:
+        raise ShardingError(
+            f"{path}: model file format {blob['format_version']} is newer than this "
+            f"torchrec-neuroshard reads ({FORMAT_VERSION}); upgrade torchrec-neuroshard"
+        )
+    if (
+        blob.get("feature_version") != FEATURE_VERSION
+        or blob.get("shard_features") != list(SHARD_FEATURES)
+        or blob.get("device_features") != list(DEVICE_FEATURES)
+    ):
+        raise ShardingError(
+            f"{path}: cost model has feature version {blob.get('feature_version')}, this "
+            f"torchrec-neuroshard needs {FEATURE_VERSION}; re-train it with `neuroshard pretrain`"
+        )
+    return blob

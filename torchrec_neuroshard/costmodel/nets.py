@@ -1,0 +1,205 @@
+"""The cost nets: ``ComputeNet`` (one fused kernel's shards -> its ms), ``CommNet`` (a
+device's all-to-all ms), and ``KernelNet``, a compute net with what it was trained on,
+pricing shards in numpy for the search.
+
+Compute (one net for any number of tables and devices): a per-shard MLP over the shard's
+features, SUM over the shards of a device, then a head with two outputs, the log of the
+fused kernel's forward and backward ms. A device with no shards costs 0.
+
+Comm (one net for every world size D): a per-device MLP over ``DEVICE_FEATURES``; it
+predicts forward and backward all-to-all ms, the forward adding the device's wait for the
+latest device (max skew - own skew).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchrec_neuroshard.costmodel.features import (
+    DEVICE_FEATURES,
+    POOLING_FEATURE,
+    RANGE_TOLERANCE,
+    SHARD_FEATURES,
+    WIDTH_FEATURE,
+    FeatureRange,
+    Normalizer,
+    shard_features,
+)
+from torchrec_neuroshard.types import Shard
+
+
+def mlp(sizes: Sequence[int]) -> nn.Sequential:
+    """Linear layers of ``sizes`` with a ReLU between each two."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class ComputeNet(nn.Module):
+    """Shards [S, F] with device index [S] -> log ms [N, 2] (forward, backward) per device."""
+
+    def __init__(self, num_features: int = len(SHARD_FEATURES), hidden: int = 128, embed: int = 64) -> None:
+        super().__init__()
+        self.config = {"num_features": num_features, "hidden": hidden, "embed": embed}
+        self.table = mlp([num_features, hidden, hidden, embed])
+        self.head = mlp([embed, hidden, 2])
+
+    def forward(self, x: torch.Tensor, device_index: torch.Tensor, num_devices: int) -> torch.Tensor:
+        h = self.table(x)
+        pooled = torch.zeros(num_devices, h.shape[1], dtype=h.dtype).index_add_(0, device_index, h)
+        return self.head(pooled)
+
+
+class CommNet(nn.Module):
+    """Per-device features [N, F] -> (forward, backward) ms [N, 2]; the forward adds the wait."""
+
+    def __init__(self, num_features: int = len(DEVICE_FEATURES), hidden: int = 64) -> None:
+        super().__init__()
+        self.config = {"num_features": num_features, "hidden": hidden}
+        self.net = mlp([num_features, hidden, hidden, 2])
+
+    def forward(self, x_norm: torch.Tensor, wait_ms: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.softplus(self.net(x_norm))
+        return torch.stack([out[:, 0] + wait_ms, out[:, 1]], dim=1)
+
+
+def numpy_layers(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The (weight [in, out], bias [out]) of each linear layer of ``seq``, copied to numpy."""
+    return [(m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()) for m in seq if isinstance(m, nn.Linear)]
+
+
+def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+    """``numpy_layers``' MLP applied to rows x [N, in] -> [N, out], a ReLU between layers."""
+    for i, (w, b) in enumerate(layers):
+        x = x @ w
+        x += b
+        if i < len(layers) - 1:
+            np.maximum(x, 0.0, out=x)
+    return x
+
+
+@dataclass(frozen=True)
+class KernelNet:
+    """A compute net with the normaliser of its features and what it was trained on (the
+    largest kernel, the weight bytes, the range of its features, None for a model file
+    written before ranges were recorded): the model of one TorchRec kernel kind."""
+
+    net: ComputeNet
+    norm: Normalizer
+    max_tables_per_kernel: int | None
+    bytes_per_element_trained: tuple[int, ...]
+    trained_range: FeatureRange | None
+
+    @staticmethod
+    def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any]) -> "KernelNet":
+        """``net`` with what ``meta`` (a model's meta, or its ``"sequence"`` part) records
+        about its training data; models before the byte field saw fp32 only."""
+        stored = meta.get("feature_range")
+        return KernelNet(
+            net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4])),
+            FeatureRange.from_state(stored) if stored is not None else None,
+        )  # fmt: skip
+
+    @cached_property
+    def head(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return numpy_layers(self.net.head)
+
+    def priced(self, shards: Sequence[Shard]) -> tuple[torch.Tensor, np.ndarray]:
+        """The features the net prices each shard by, float32 [S, F], and each shard's
+        work in copies of the shard those features describe, float64 [S] (1 inside the
+        trained range).
+
+        A shard wider, or read more times per sample, than any the net was trained on is
+        priced as ``copies`` = (width / widest) x (pooling / largest pooling) shards of the
+        widest width and largest pooling factor trained: a kernel's work is linear in
+        columns x lookups, where clamping would price a 512-column table as a 128-column
+        one. Then every feature is clamped into the trained range: a table smaller than
+        any trained is priced as the smallest one, a sound bound for costs per row and per
+        lookup. Without a recorded range: the shard's own features, one copy."""
+        x = shard_features(shards)  # [S, F]
+        trained = self.trained_range
+        if trained is None:
+            return x, np.ones(len(shards))
+        # in float32, as the features and the range are: a shard at the trained maximum is 1 copy
+        widest, busiest = float(trained.high[WIDTH_FEATURE]), float(trained.high[POOLING_FEATURE])
+        copies = np.maximum(x[:, WIDTH_FEATURE].double().numpy() / widest, 1.0) * np.maximum(
+            x[:, POOLING_FEATURE].double().numpy() / busiest, 1.0
+        )  # [S]
+        beyond = np.flatnonzero(copies > 1)
+        if beyond.size:
+            learned = [
+                replace(s, table=replace(s.table, pooling_factor=min(s.table.pooling_factor, busiest)), width=min(s.width, int(widest)))
+                for s in (shards[i] for i in beyond)
+            ]  # fmt: skip
+            x[torch.as_tensor(beyond)] = shard_features(learned)
+        return trained.clamp(x), copies
+
+    def outside(self, shards: Sequence[Shard]) -> list[list[str]]:
+        """Per shard, its features farther than ``RANGE_TOLERANCE`` outside the trained
+        range, each as "name value (trained low..high)"; all empty without a range."""
+        trained = self.trained_range
+        if trained is None:
+            return [[] for _ in shards]
+        x = shard_features(shards)  # [S, F]
+        far = (trained.clamp(x) - x).abs() / self.norm.std > RANGE_TOLERANCE  # [S, F]
+        low, high = trained.low.tolist(), trained.high.tolist()
+        return [
+            [f"{SHARD_FEATURES[f]} {float(x[i, f]):.4g} (trained {low[f]:.4g}..{high[f]:.4g})" for f in far[i].nonzero().flatten().tolist()]
+            for i in range(len(shards))
+        ]  # fmt: skip
+
+    @torch.no_grad()
+    def embed(self, shards: Sequence[Shard]) -> np.ndarray:
+        """Shard rows, float32 [S, hidden + 3] = [the head's first layer (no bias) applied
+        to the net's embedding of the shard as ``priced`` | the (forward, backward) ms its
+        copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
+        the trained range | 1]. The head pools the embeddings by summing and its first
+        layer is linear, so that layer commutes with the pooling: it is applied once per
+        shard here, and a device's cost is the rest of the head (``cost``). Pooled over a
+        device, the middle columns sum the devices' extra ms and the last counts its shards
+        in this kernel."""
+        features, copies = self.priced(shards)
+        emb = self.net.table(self.norm(features)).numpy()  # [S, embed]
+        lifted = emb @ self.head[0][0]  # [S, hidden]
+        extra = np.zeros((len(shards), 2), dtype=emb.dtype)  # [S, 2]
+        beyond = copies > 1
+        if beyond.any():
+            extra[beyond] = np.exp(self._rest_of_head(lifted[beyond])) * (copies[beyond, None] - 1)
+        return np.concatenate([lifted, extra, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
+
+    def cost(self, pooled: np.ndarray) -> np.ndarray:
+        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, hidden + 3];
+        0 for a kernel of no shards.
+
+        A kernel fusing n shards, more than the ``max_tables_per_kernel`` K it was trained
+        on, is priced as n / K kernels of K average shards: linear in its work beyond the
+        trained range, rather than the net's unbounded extrapolation of a sum it never saw
+        (``kernel_size_warning`` says when that happens)."""
+        lifted, extra, count = pooled[:, :-3], pooled[:, -3:-1], pooled[:, -1:]  # [N, hidden], [N, 2], [N, 1]
+        trained = self.max_tables_per_kernel
+        if trained and (count > trained).any():
+            stretch = np.maximum(count / trained, 1.0)
+            out = np.exp(self._rest_of_head(lifted / stretch)) * stretch + extra
+        else:  # every kernel within the trained size (the search's hot path)
+            out = np.exp(self._rest_of_head(lifted)) + extra
+        return np.where(count > 0, out, 0.0)
+
+    def _rest_of_head(self, lifted: np.ndarray) -> np.ndarray:
+        """The head's log ms [N, 2] from its first layer's output without bias [N, hidden]."""
+        x = lifted + self.head[0][1]  # [N, hidden]
+        np.maximum(x, 0.0, out=x)
+        return numpy_mlp(self.head[1:], x)
+
+    @property
+    def width(self) -> int:
+        """Columns of an ``embed`` row."""
+        return int(self.net.config["hidden"]) + 3

@@ -1,0 +1,160 @@
+"""Training the cost nets on measured samples: the loop (Adam, early stopping on the
+validation loss), the compute and comm losses, and the metrics they are scored by."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from torchrec_neuroshard.costmodel.features import DEVICE_FEATURES, Normalizer
+from torchrec_neuroshard.costmodel.nets import CommNet, ComputeNet
+from torchrec_neuroshard.lab.measure_compute import cpu_threads
+from torchrec_neuroshard.lab.training_data import CommData, ComputeData, Data
+
+TRAIN_THREADS = 1
+"""The nets are small: one intra-op thread trains them fastest, and far faster than two
+when another process holds a core (measured 14x on this project's 2-core machines)."""
+
+def mape(pred: torch.Tensor, true: torch.Tensor) -> float:
+    """Mean absolute percentage error, %."""
+    return float(((pred - true).abs() / true.abs().clamp_min(1e-6)).mean() * 100)
+
+
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Spearman rank correlation (no tie correction: measured ms rarely tie)."""
+    ra = a.argsort().argsort().double()
+    rb = b.argsort().argsort().double()
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+# ---------------------------------------------------------------- training
+
+
+def _compute_predict(net: ComputeNet, norm: Normalizer, data: ComputeData) -> torch.Tensor:
+    return net(norm(data.x), data.sample, len(data))
+
+
+def _comm_predict(net: CommNet, norm: Normalizer, data: CommData) -> torch.Tensor:
+    return net(norm(data.x), data.x[:, DEVICE_FEATURES.index("wait_ms")])
+
+
+def _fit(
+    net: nn.Module,
+    loss_of: Callable[[Data], torch.Tensor],
+    train: Data,
+    val: Data,
+    epochs: int,
+    seed: int,
+    batch: int,
+    lr: float,
+    patience: int,
+    progress: bool,
+    desc: str,
+) -> dict:
+    """Adam on shuffled minibatches of samples; stop after ``patience`` epochs without a
+    better validation loss and restore the best weights. Returns the training log."""
+    torch.manual_seed(seed)
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
+    rng = np.random.default_rng(seed)
+    best, best_state, since, history = math.inf, copy.deepcopy(net.state_dict()), 0, []
+    with cpu_threads(TRAIN_THREADS):
+        bar = tqdm(range(epochs), desc=desc, disable=not progress)
+        for _ in bar:
+            net.train()
+            for idx in np.array_split(rng.permutation(len(train)), max(1, len(train) // batch)):
+                loss = loss_of(train.subset(idx))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            net.eval()
+            with torch.no_grad():
+                val_loss = float(loss_of(val))
+            history.append(val_loss)
+            bar.set_postfix(val_loss=f"{val_loss:.4f}")
+            if val_loss < best:
+                best, best_state, since = val_loss, copy.deepcopy(net.state_dict()), 0
+            else:
+                since += 1
+                if since >= patience:
+                    break
+    net.load_state_dict(best_state)
+    net.eval()
+    return {"val_loss": best, "epochs": len(history), "history": history}
+
+
+def train_compute(
+    train: ComputeData,
+    val: ComputeData,
+    epochs: int,
+    seed: int,
+    batch: int = 64,
+    lr: float = 1e-3,
+    patience: int = 20,
+    progress: bool = True,
+    start: tuple[ComputeNet, Normalizer] | None = None,
+) -> tuple[ComputeNet, Normalizer, dict]:
+    """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint.
+    ``start``: fine-tune a copy of that net with its normaliser instead of a fresh one."""
+    torch.manual_seed(seed)
+    net, norm = (copy.deepcopy(start[0]), start[1]) if start else (ComputeNet(), Normalizer.fit(train.x))
+    log = _fit(
+        net, lambda d: ((_compute_predict(net, norm, d) - d.y.log()) ** 2).mean(),
+        train, val, epochs, seed, batch, lr, patience, progress, "compute model" if start is None else "fine-tuning compute",
+    )  # fmt: skip
+    return net, norm, log
+
+
+def train_comm(
+    train: CommData,
+    val: CommData,
+    epochs: int,
+    seed: int,
+    batch: int = 128,
+    lr: float = 1e-3,
+    patience: int = 15,
+    progress: bool = True,
+    start: tuple[CommNet, Normalizer] | None = None,
+) -> tuple[CommNet, Normalizer, dict]:
+    """Fit per-device (forward, backward) ms in log space (+0.1 ms, so near-zero costs do
+    not dominate); keep the best validation checkpoint. ``start``: fine-tune a copy of that
+    net with its normaliser instead of a fresh one."""
+    torch.manual_seed(seed)
+    net, norm = (copy.deepcopy(start[0]), start[1]) if start else (CommNet(), Normalizer.fit(train.x))
+    log = _fit(
+        net, lambda d: ((torch.log(_comm_predict(net, norm, d) + 0.1) - torch.log(d.y + 0.1)) ** 2).mean(),
+        train, val, epochs, seed, batch, lr, patience, progress, "comm model" if start is None else "fine-tuning comm",
+    )  # fmt: skip
+    return net, norm, log
+
+
+@torch.no_grad()
+def compute_metrics(net: ComputeNet, norm: Normalizer, data: ComputeData) -> dict:
+    pred = _compute_predict(net, norm, data).exp()
+    total_pred, total = pred.sum(1), data.y.sum(1)
+    return {
+        "samples": len(data),
+        "mape_total": mape(total_pred, total),
+        "mape_fwd": mape(pred[:, 0], data.y[:, 0]),
+        "mape_bwd": mape(pred[:, 1], data.y[:, 1]),
+        "spearman_total": spearman(total_pred, total),
+    }
+
+
+@torch.no_grad()
+def comm_metrics(net: CommNet, norm: Normalizer, data: CommData) -> dict:
+    pred = _comm_predict(net, norm, data)
+    return {
+        "devices": len(data),
+        "mape_total": mape(pred.sum(1), data.y.sum(1)),
+        "mape_fwd": mape(pred[:, 0], data.y[:, 0]),
+        "mape_bwd": mape(pred[:, 1], data.y[:, 1]),
+        "spearman_total": spearman(pred.sum(1), data.y.sum(1)),
+    }
+
+
