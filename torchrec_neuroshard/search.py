@@ -42,6 +42,7 @@ from threadpoolctl import threadpool_limits
 
 from torchrec_neuroshard.local_search import local_improve
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
+from torchrec_neuroshard.hosts import spread_over_hosts
 from torchrec_neuroshard.stepcost import (
     CachedEmbedder,
     Collectives,
@@ -61,7 +62,6 @@ from torchrec_neuroshard.types import (
     TablePlacement,
     TableSpec,
     Task,
-    spread_over_hosts,
 )
 
 Widths = tuple[tuple[int, ...], ...]
