@@ -109,7 +109,8 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             on the plan as TorchRec ``ShardingOption``s, before the ``ShardingPlan`` is built
             from what the last one returns.
         timeout_seconds: a planning budget (positive seconds): past it the search splits
-            no deeper and the plan is the best found by then, logged as such.
+            no deeper and moves no more shards, and the plan is the best found by then,
+            logged as such.
         plan_loader: a TorchRec ``PlanLoader``; a plan it loads is used as TorchRec's planner
             uses it (``planner_args.load_plan``: the context hash checked, no search).
         cost_model: a ``NeuralCostModel``, a path to a model file, or a shipped name;
@@ -312,8 +313,8 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         took = time.perf_counter() - start
         if self.timeout_seconds is not None and took >= self.timeout_seconds:
             logger.warning(
-                "planning budget timeout_seconds=%g ran out (%.2f s): the search split no deeper, "
-                "and the plan is the best it had found by then", self.timeout_seconds, took,
+                "planning budget timeout_seconds=%g ran out (%.2f s): the search split no deeper and moved "
+                "no more shards, and the plan is the best it had found by then", self.timeout_seconds, took,
             )  # fmt: skip
         # every table the compute net priced (not those triage replicated), a row-wise one as its blocks
         replicated = {p.table for p in decided.decided if p.kind is ShardingKind.DATA_PARALLEL}
