@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-import torchrec_neuroshard.local_search as local_search
 from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
+from torchrec_neuroshard.search import local as local_search
 from torchrec_neuroshard.types import Shard
 
 
