@@ -40,7 +40,7 @@ MIN_GAIN = 1e-3
 MOVABLE = (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE)
 """The kinds whose shards ``improve_modules`` moves: one device per shard."""
 
-Placements = Mapping[str, TablePlacement]
+PlacementsByTable = Mapping[str, TablePlacement]
 """Every table's placement, by table name."""
 
 
@@ -114,7 +114,7 @@ class _Modules:
         subtasks = tuple(task.subset(m) for m in task.modules)
         return _Modules(task, model, embed, {t.name: t for t in task.tables}, module_of, subtasks)
 
-    def predict(self, placements: Placements, k: int) -> StepPrediction:
+    def predict(self, placements: PlacementsByTable, k: int) -> StepPrediction:
         """Module ``k``'s step as ``placements`` place it."""
         plan = Plan(tuple(placements[n] for n in self.task.modules[k]), self.task.num_devices)
         return predict_step(self.model, self.subtasks[k], plan, self.embed)
@@ -135,7 +135,7 @@ class _Change:
 
 
 def _best_change(
-    modules: _Modules, placements: Placements, used: np.ndarray, priced: list[StepPrediction], swaps: bool
+    modules: _Modules, placements: PlacementsByTable, used: np.ndarray, priced: list[StepPrediction], swaps: bool
 ) -> tuple[float, _Change] | None:
     """The change within memory (``used`` [D] bytes now) of most gain over every module's
     moves (``swaps``: its swaps) off its slowest device, and its gain; None if none gains."""
@@ -150,7 +150,7 @@ def _best_change(
     return best
 
 
-def _changes(modules: _Modules, placements: Placements, prediction: StepPrediction, k: int, swaps: bool) -> Iterator[_Change]:
+def _changes(modules: _Modules, placements: PlacementsByTable, prediction: StepPrediction, k: int, swaps: bool) -> Iterator[_Change]:
     """Module ``k``'s moves of a shard off its slowest device (in ``prediction``) to one
     of its three least loaded devices not holding the shard's table; with ``swaps``,
     its swaps of such a shard with one on that device instead."""
@@ -168,22 +168,24 @@ def _changes(modules: _Modules, placements: Placements, prediction: StepPredicti
 
 
 def _swap_partners(
-    modules: _Modules, placements: Placements, shard: tuple[str, int], slow: int, device: int, k: int
+    modules: _Modules, placements: PlacementsByTable, shard: tuple[str, int], slow: int, device: int, k: int
 ) -> list[tuple[str, int]]:
     """The shards on ``device`` that ``shard`` (table, index) of module ``k`` may swap with,
     of tables with no shard on ``slow``: all of module ``k``'s, then the three of other modules
     nearest it in bytes."""
-    name, _ = shard
+    name, i = shard
     there = [(m, j) for m, p in placements.items() if m != name and _movable(p) and slow not in p.devices
              for j, e in enumerate(p.devices) if e == device]  # fmt: skip
-    size = modules.shard_bytes(placements[name], shard[1])
-    nearest = lambda x: (abs(modules.shard_bytes(placements[x[0]], x[1]) - size), x)  # noqa: E731
-    others = sorted((x for x in there if modules.module_of[x[0]] != k), key=nearest)[:3]
+    size = modules.shard_bytes(placements[name], i)
+    others = sorted(
+        (x for x in there if modules.module_of[x[0]] != k),
+        key=lambda x: (abs(modules.shard_bytes(placements[x[0]], x[1]) - size), x),
+    )[:3]
     return [*(x for x in there if modules.module_of[x[0]] == k), *others]
 
 
 def _change(
-    modules: _Modules, placements: Placements, shard: tuple[str, int], slow: int, device: int, partner: tuple[str, int] | None
+    modules: _Modules, placements: PlacementsByTable, shard: tuple[str, int], slow: int, device: int, partner: tuple[str, int] | None
 ) -> _Change:
     """``shard`` (table, index) moved from ``slow`` to ``device``, and ``partner`` (if any)
     from ``device`` to ``slow``."""
@@ -198,7 +200,7 @@ def _change(
     return _Change(moved, delta)
 
 
-def _gain(modules: _Modules, placements: Placements, priced: list[StepPrediction], change: _Change) -> float:
+def _gain(modules: _Modules, placements: PlacementsByTable, priced: list[StepPrediction], change: _Change) -> float:
     """What ``change`` saves the modules it touches, each priced at its slowest device."""
     changed = ChainMap(change.placements, placements)
     touched = sorted({modules.module_of[n] for n in change.placements})
