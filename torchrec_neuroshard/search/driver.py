@@ -93,4 +93,3 @@ def _searched_plan(task: Task, given: tuple[TablePlacement, ...], context: Searc
     if config.local_search:
         plan = improve_modules(task, model, plan, embed, config.max_local_moves, config.deadline)
     return plan, evaluated
-

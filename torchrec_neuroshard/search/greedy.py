@@ -44,6 +44,7 @@ class Keys:
     size: np.ndarray | None = None
 
     def ensure(self, keys: Sequence[tuple[int, int]]) -> None:
+        """Add the (table index, width) ``keys`` not held yet."""
         new = [k for k in dict.fromkeys(keys) if k not in self.index]
         if not new:
             return
@@ -61,6 +62,7 @@ class Keys:
 
 
 def _extended(rows: np.ndarray | None, more: np.ndarray) -> np.ndarray:
+    """``rows`` with ``more`` after them along the first axis (``more`` alone if None)."""
     return more if rows is None else np.concatenate([rows, more])
 
 
@@ -316,6 +318,7 @@ def _least_loaded_with_room(
 
 
 def plan_of(task: Task, keys: Keys, runs: Runs, r: int) -> Plan:
+    """The plan of run ``r``: each shard it placed on its device."""
     inverse = {i: k for k, i in keys.index.items()}
     shards = []
     for key, dev in zip(runs.order_keys[r], runs.assign[r]):
@@ -324,8 +327,6 @@ def plan_of(task: Task, keys: Keys, runs: Runs, r: int) -> Plan:
         t, w = inverse[int(key)]
         shards.append((t, w, int(dev)))
     return plan_from_shards(task, shards)
-
-
 
 
 def plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan:
@@ -345,5 +346,3 @@ def plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan
         ordered = sorted(per_table[t])
         placements.append(TablePlacement(table.name, tuple(w for w, _ in ordered), tuple(d for _, d in ordered)))
     return Plan(tuple(placements), task.num_devices)
-
-

@@ -48,6 +48,7 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
 
 
 def _feasible_baselines(task: Task) -> list[Plan]:
+    """The plans of the heuristics (``heuristics.BASELINES``) that fit the task's memory."""
     plans = []
     for name in BASELINES:
         try:

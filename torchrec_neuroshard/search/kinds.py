@@ -151,4 +151,3 @@ def _row_choices(
             else:
                 out.append(spread_over_hosts(candidates[:n], lambda t: single[t.name], world, links.local_world_size))
     return out
-

@@ -88,4 +88,3 @@ def _split_children(state: Widths, keys: Keys, top_k: int, min_width: Sequence[i
         child[t] = tuple(sorted(ws, reverse=True))
         children.append(tuple(child))
     return list(dict.fromkeys(children))
-
