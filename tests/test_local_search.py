@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-import torchrec_neuroshard.local_search as local_search
 from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
+from torchrec_neuroshard.search import local as local_search
 from torchrec_neuroshard.types import Shard
 
 
@@ -95,7 +95,7 @@ def test_tasks_without_sequence_tables_get_the_narrow_rows() -> None:
 def test_the_int32_device_scan_is_the_float_one() -> None:
     """The greedy's int32 dims (rooms floored) and its per-placement fullest device give
     the same choices as comparing every device in float."""
-    from torchrec_neuroshard.search import _least_loaded_with_room
+    from torchrec_neuroshard.search.greedy import _least_loaded_with_room
 
     rng = np.random.default_rng(4)
     load = rng.integers(0, 4, (300, 16)) * 0.5 + rng.choice([0.0, 1e-10, 1e-6], (300, 16))

@@ -180,7 +180,7 @@ def _random_devices(rng, rows, devices):
 
 
 def test_least_loaded_with_room_is_the_plain_rule() -> None:
-    from torchrec_neuroshard.search import _least_loaded_with_room
+    from torchrec_neuroshard.search.greedy import _least_loaded_with_room
 
     rng = np.random.default_rng(0)
     load, dims, mem = _random_devices(rng, 500, 8)
@@ -196,10 +196,10 @@ def test_least_loaded_with_room_is_the_plain_rule() -> None:
 def test_runs_sharing_a_placement_choose_as_each_would_alone() -> None:
     """One decision per shared placement, at the most room its runs have: a run with less
     room gets what it would choose alone, whatever the others' room or shard."""
-    from torchrec_neuroshard.search import _choose_devices, _part, _Placements
+    from torchrec_neuroshard.search.greedy import Placements, _choose_devices, _part
 
     rng = np.random.default_rng(1)
-    held = _Placements.empty(400, 8, 1)  # room for a placement per run
+    held = Placements.empty(400, 8, 1)  # room for a placement per run
     held.load[:40], held.dims[:40], held.mem[:40] = _random_devices(rng, 40, 8)
     held.mem_max[:40] = held.mem[:40].max(1)  # the invariant place() keeps
     p = rng.integers(0, 40, 400)  # ten runs a placement
@@ -242,20 +242,22 @@ def test_greedy_runs_placed_together_are_the_runs_placed_alone(seed) -> None:
     """Runs share a placement until they part: every (state, scale) run placed in one
     lockstep batch is the same as placed on its own, dying the same way, also under
     per-state memory caps (the kind grid's)."""
-    from torchrec_neuroshard.search import _greedy_runs, _Keys, _split_children, _state_keys, default_scales
+    from torchrec_neuroshard.search import default_scales
+    from torchrec_neuroshard.search.greedy import Keys, greedy_runs, state_keys
+    from torchrec_neuroshard.search.splits import _split_children
     from torchrec_neuroshard.stepcost import CachedEmbedder
 
     task = generate_task(synthetic_pool(), 30, 4, WorkloadScale(), seed=seed, memory_slack=1.05)
     model = _RowWiseModel()
-    keys = _Keys(task, model, CachedEmbedder(model))
+    keys = Keys(task, model, CachedEmbedder(model))
     root = tuple((t.dim,) for t in task.tables)
-    keys.ensure(_state_keys(root))
+    keys.ensure(state_keys(root))
     states = [root] + _split_children(root, keys, 10, [4] * len(task.tables))  # split halves tie exactly
-    keys.ensure([k for s in states for k in _state_keys(s)])
+    keys.ensure([k for s in states for k in state_keys(s)])
     scales = default_scales()
     caps = [task.memory_cap_bytes * f for f in np.linspace(0.9, 1.1, len(states))]
-    together = _greedy_runs(task, model, keys, states, scales, caps)
-    alone = [_greedy_runs(task, model, keys, [s], [x], [c]) for s, c in zip(states, caps) for x in scales]
+    together = greedy_runs(task, model, keys, states, scales, caps)
+    alone = [greedy_runs(task, model, keys, [s], [x], [c]) for s, c in zip(states, caps) for x in scales]
     assert np.isfinite(together.cost).any() and not np.isfinite(together.cost).all()
     for r, run in enumerate(alone):
         n = run.assign.shape[1]
@@ -305,7 +307,7 @@ def test_the_search_balances_each_module_not_only_each_device(model) -> None:
 
 
 def test_a_module_stacked_on_a_full_device_is_unstacked_by_swaps_within_the_cap(model) -> None:
-    from torchrec_neuroshard.search import _improve_modules
+    from torchrec_neuroshard.search.modules import improve_modules
     from torchrec_neuroshard.stepcost import CachedEmbedder
 
     roomy = _four_heavy_tables_in_two_modules()
@@ -313,7 +315,7 @@ def test_a_module_stacked_on_a_full_device_is_unstacked_by_swaps_within_the_cap(
     full = max(stacked.device_memory(roomy.tables, roomy.batch_size))
     task = dataclasses.replace(roomy, memory_cap_bytes=full)  # no device has room for a third table: only swaps fit
     at_batch = model.with_batch_size(task.batch_size)
-    improved = _improve_modules(task, at_batch, stacked, CachedEmbedder(at_batch), max_moves=10)
+    improved = improve_modules(task, at_batch, stacked, CachedEmbedder(at_batch), max_moves=10)
     improved.validate(task)
     for module in task.modules:
         assert {d for n in module for d in improved.placement(n).devices} == {0, 1}

@@ -1,9 +1,8 @@
-"""The search's last stage: moves and swaps of column shards off the bottleneck device.
-
-In: a plan of the searched tables (every shard a key of the search's ``_Keys``: its
-summed-embedding row, width and bytes), the model, and what the fixed placements cost each
-device. Out: the plan after the best improving move or swap, repeated while the predicted
-embedding cost drops.
+"""Local improvement, the search's last stage: moves and swaps of column shards off the
+bottleneck device. In: a plan of the searched tables (every shard a key of the search's
+``greedy.Keys``: its summed-embedding row, width and bytes), the model, and what the fixed
+placements cost each device. Out: the plan after the best improving move or swap,
+repeated while the predicted embedding cost drops (``improve_plan``).
 
 Each round takes every shard of the most expensive device and tries it on each of the
 ``partners`` cheapest devices, alone (a move) or in exchange for a shard there (a swap),
@@ -24,13 +23,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchrec_neuroshard.types import CostModel
+from torchrec_neuroshard.search.config import SearchConfig
+from torchrec_neuroshard.search.greedy import Keys, plan_from_shards
+from torchrec_neuroshard.types import CostModel, Plan, Task
 
 SHORTLIST = 1024
 """Candidates of a round priced exactly; more are screened by the separable estimate.
 The exact best was the estimate's best in 76 of 100 rounds of the full-size 856-table
 task on 8 devices, and within its best 1,024 in all but 6; the plans' predicted steps
 against pricing every candidate: benchmarks/search_speed.py --full-size."""
+
+
+def improve_plan(task: Task, model: CostModel, keys: Keys, plan: Plan, config: SearchConfig, fixed_ms: np.ndarray) -> Plan:
+    """``plan`` after ``local_improve``: moves and swaps off the bottleneck device."""
+    names = {t.name: i for i, t in enumerate(task.tables)}
+    shards = [(names[p.table], w, d) for p in plan.placements for w, d in zip(p.widths, p.devices)]
+    return plan_from_shards(task, local_improve(model, keys, shards, config.max_local_moves, fixed_ms, config.deadline))
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ class _Devices:
     total: float
 
     @staticmethod
-    def of(model: CostModel, keys, key_of: np.ndarray, dev: np.ndarray, fixed_ms: np.ndarray) -> "_Devices":
+    def of(model: CostModel, keys: Keys, key_of: np.ndarray, dev: np.ndarray, fixed_ms: np.ndarray) -> "_Devices":
         D = len(fixed_ms)
         sums = np.zeros((D, keys.emb.shape[1]), dtype=np.float32)
         np.add.at(sums, dev, keys.emb[key_of])
@@ -73,7 +81,7 @@ def kernel_ms(model: CostModel, sums: np.ndarray, count: np.ndarray) -> np.ndarr
 
 def local_improve(
     model: CostModel,
-    keys,
+    keys: Keys,
     shards: list[tuple[int, int, int]],
     max_moves: int,
     fixed_ms: np.ndarray,
@@ -83,7 +91,7 @@ def local_improve(
 ) -> list[tuple[int, int, int]]:
     """(table, width, device) ``shards`` after improving moves and swaps (see the module
     docstring); ``fixed_ms`` [D, 2] the forward and backward ms the fixed placements cost
-    each device, ``keys`` the search's ``_Keys`` holding every shard. No move is started
+    each device, ``keys`` the search's ``Keys`` holding every shard. No move is started
     past ``deadline`` (a ``time.perf_counter()`` reading)."""
     key_of = np.asarray([keys.index[(t, w)] for t, w, _ in shards])
     dev = np.asarray([d for _, _, d in shards])
@@ -127,7 +135,7 @@ def _candidates(dev: np.ndarray, size: np.ndarray, mem: np.ndarray, worst: int, 
 
 
 def _estimate(
-    model: CostModel, keys, key_of: np.ndarray, dev: np.ndarray, now: _Devices, worst: int, cheap: np.ndarray, cand: np.ndarray
+    model: CostModel, keys: Keys, key_of: np.ndarray, dev: np.ndarray, now: _Devices, worst: int, cheap: np.ndarray, cand: np.ndarray
 ) -> np.ndarray:
     """[n] each candidate's embedding cost, its two devices' kernels estimated separably
     (see the module docstring), every device's comm priced as ``_exact`` prices it."""
@@ -136,7 +144,7 @@ def _estimate(
     return fast if fast is not None else _embedding_cost(model, now, worst, cand[:, 1], new_worst, new_dst, delta_w)
 
 
-def _separable(model: CostModel, keys, key_of: np.ndarray, dev: np.ndarray, now: _Devices, worst: int, cheap: np.ndarray, cand: np.ndarray):
+def _separable(model: CostModel, keys: Keys, key_of: np.ndarray, dev: np.ndarray, now: _Devices, worst: int, cheap: np.ndarray, cand: np.ndarray):
     """Each candidate's (forward, backward) ms on ``worst`` and on its destination [n, 2]
     each, estimated separably, and the columns it moves off ``worst`` [n]. Per shard s
     (of S, on device ``dev[s]``): what leaving its device and joining ``worst`` change
@@ -162,7 +170,7 @@ def _separable(model: CostModel, keys, key_of: np.ndarray, dev: np.ndarray, now:
     return new_worst, new_dst, delta_w
 
 
-def _kernel_change(model: CostModel, keys, now: _Devices, devices: np.ndarray, key: np.ndarray, sign: int) -> np.ndarray:
+def _kernel_change(model: CostModel, keys: Keys, now: _Devices, devices: np.ndarray, key: np.ndarray, sign: int) -> np.ndarray:
     """[N, 2]: what adding (``sign`` 1) or removing (-1) keys [N] changes devices' [N] kernels."""
     new = kernel_ms(model, now.sums[devices] + sign * keys.emb[key], now.count[devices] + sign)
     return new - now.kernel[devices]
@@ -217,7 +225,7 @@ def _two_device_cost(
 
 
 def _exact(
-    model: CostModel, keys, key_of: np.ndarray, now: _Devices, worst: int, cand: np.ndarray, fixed_ms: np.ndarray
+    model: CostModel, keys: Keys, key_of: np.ndarray, now: _Devices, worst: int, cand: np.ndarray, fixed_ms: np.ndarray
 ) -> np.ndarray:
     """[n] the embedding cost of each candidate, its two devices re-predicted, with comm."""
     n = len(cand)

@@ -1,0 +1,69 @@
+"""The search's knobs and its answer: ``SearchConfig`` goes in (its defaults are the
+published ones), ``SearchResult`` comes out; ``SearchContext`` is what every stage of one
+search shares."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from torchrec_neuroshard.stepcost import CachedEmbedder
+from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, TableChoices
+
+
+def default_scales() -> tuple[float, ...]:
+    """linspace(1.0, 1.5, 11) as published, plus no dimension limit as a last resort."""
+    return tuple(float(x) for x in np.linspace(1.0, 1.5, 11)) + (math.inf,)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Knobs of the search; defaults are the published ones."""
+
+    scales: tuple[float, ...] = field(default_factory=default_scales)
+    beam_width: int = 3
+    top_k: int = 10
+    max_steps: int = 10
+    local_search: bool = True
+    """A final move/swap pass off the bottleneck device (beyond the prototype). Measured over
+    two runs of the 20-task suite: 0.998 and 0.985 geomean cost ratio to the search without
+    it, lower on 26 of 40 paired tasks (benchmarks/compare.py)."""
+    max_local_moves: int = 100
+    seed_with_baselines: bool = True
+    """Also score the heuristic baselines' plans and start from the best plan overall, so
+    the result is never predicted worse than any baseline."""
+    data_parallel_grid: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+    """How many of the best-scored replication candidates to try replicating."""
+    row_wise_grid: tuple[int, ...] = (0, 1, 2, 4)
+    """How many of the costliest row-wise candidates to try splitting by rows."""
+    kind_scales: tuple[float, ...] = (1.05, 1.25, math.inf)
+    """The max-dimension scales of the quick greedy placement that prices each kind choice."""
+    deadline: float | None = None
+    """A ``time.perf_counter()`` reading past which the beam search splits no deeper and
+    the local searches move no more shards, so the plan is the best found by then (the
+    planner's ``timeout_seconds``); None: no limit."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best plan found, its predicted per-device costs (ms) and search statistics."""
+
+    plan: Plan
+    predicted_cost_ms: float
+    devices: tuple[DeviceCost, ...]
+    states_evaluated: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What every stage of one search shares: the model (at the task's batch), the
+    configuration, each table's choices, and the embedding cache."""
+
+    model: CostModel
+    config: SearchConfig
+    choices: Mapping[str, TableChoices]
+    embed: CachedEmbedder

@@ -1,0 +1,370 @@
+"""Greedy placement, in TorchRec's partitioner role. In: split states (each table's shard
+widths) and max-dimension scales. Out: for every (state, scale) run, the device of each
+shard and the run's predicted embedding cost, or where it ran out of memory (``Runs``);
+and a run's plan (``plan_of``).
+
+Costs come from a ``CostModel`` whose compute is additive in an embedding space, so a
+device's running shard set is one summed vector: adding a shard is a vector add and one
+evaluation of the small head, and every greedy run of one beam step (states x scales)
+advances in lockstep, vectorised over runs and devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from torchrec_neuroshard.stepcost import Embedder
+from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingKind, TablePlacement, Task
+
+Widths = tuple[tuple[int, ...], ...]
+"""A split state: the shard widths of each table, in task table order; () for a table the
+state leaves out (replicated or split by rows)."""
+
+
+def state_keys(state: Widths) -> list[tuple[int, int]]:
+    """The (table index, width) key of every shard of ``state``."""
+    return [(t, w) for t, ws in enumerate(state) for w in ws]
+
+
+@dataclass
+class Keys:
+    """The distinct (table, width) shards met during one search call, with their
+    embeddings, single-shard costs and sizes; grows as splits create new widths."""
+
+    task: Task
+    model: CostModel
+    embed: Embedder
+    index: dict[tuple[int, int], int] = field(default_factory=dict)
+    emb: np.ndarray | None = None
+    single: np.ndarray | None = None
+    width: np.ndarray | None = None
+    size: np.ndarray | None = None
+
+    def ensure(self, keys: Sequence[tuple[int, int]]) -> None:
+        """Add the (table index, width) ``keys`` not held yet."""
+        new = [k for k in dict.fromkeys(keys) if k not in self.index]
+        if not new:
+            return
+        shards = [Shard(self.task.tables[t], w) for t, w in new]
+        kind = ShardingKind.COLUMN_WISE  # table-wise shards take the same memory
+        emb = self.embed(shards).astype(np.float32)
+        single = np.asarray(self.model.compute_cost([[s] for s in shards], self.embed)).sum(1)  # refuses inf / NaN
+        for k in new:
+            self.index[k] = len(self.index)
+        self.emb = _extended(self.emb, emb)
+        self.single = _extended(self.single, single)
+        self.width = _extended(self.width, np.asarray([w for _, w in new], dtype=np.float64))
+        memory = [s.memory_bytes(kind, self.task.batch_size, self.task.num_devices) for s in shards]
+        self.size = _extended(self.size, np.asarray(memory, dtype=np.float64))
+
+
+def _extended(rows: np.ndarray | None, more: np.ndarray) -> np.ndarray:
+    """``rows`` with ``more`` after them along the first axis (``more`` alone if None)."""
+    return more if rows is None else np.concatenate([rows, more])
+
+
+@dataclass(frozen=True)
+class Runs:
+    """Outcome of greedy runs: per run its cost (inf if invalid), device of each ordered
+    shard, the shard order's keys, and where invalid runs died."""
+
+    cost: np.ndarray  # [R]
+    assign: np.ndarray  # [R, Smax] device of k-th ordered shard
+    order_keys: np.ndarray  # [R, Smax] key id, -1 padding
+    died_at: np.ndarray  # [R] ordered shard index where the run failed, -1 if valid
+    free_at_death: np.ndarray  # [R] most free bytes on any device when it failed
+
+
+@dataclass
+class Placements:
+    """N partial placements on D devices, per device: its shards' summed embeddings,
+    predicted forward and backward ms and their sum, dim sum (whole columns, int32: the
+    device scan compares it at half the bytes) and bytes; per placement its fullest
+    device's bytes. Placement p's device d is row p * D + d of ``sums`` and of the flat
+    views of the [N, D] arrays."""
+
+    sums: np.ndarray  # [N * D, E]
+    fwd: np.ndarray  # [N, D]
+    bwd: np.ndarray  # [N, D]
+    load: np.ndarray  # [N, D] fwd + bwd
+    dims: np.ndarray  # [N, D] int32
+    mem: np.ndarray  # [N, D]
+    mem_max: np.ndarray  # [N]
+
+    @staticmethod
+    def empty(n: int, devices: int, width: int) -> "Placements":
+        sums = np.zeros((n * devices, width), dtype=np.float32)
+        fwd, bwd, load, mem = (np.zeros((n, devices)) for _ in range(4))
+        return Placements(sums, fwd, bwd, load, np.zeros((n, devices), dtype=np.int32), mem, np.zeros(n))
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        """Placements ``dst`` [M] become copies of placements ``src`` [M]."""
+        D = self.fwd.shape[1]
+        sums = self.sums.reshape(-1, D, self.sums.shape[1])  # [N, D, E]
+        sums[dst] = sums[src]
+        for a in (self.fwd, self.bwd, self.load, self.dims, self.mem, self.mem_max):
+            a[dst] = a[src]
+
+    def place(self, model: CostModel, cells: np.ndarray, emb: np.ndarray, width: np.ndarray, size: np.ndarray) -> None:
+        """Add a shard (embedding ``emb`` [M, E], ``width`` and ``size`` [M]) to each of M
+        distinct devices ``cells`` [M] (placement * D + device) and re-predict them."""
+        placed = self.sums[cells] + emb  # [M, E]
+        self.sums[cells] = placed
+        self.dims.reshape(-1)[cells] += width.astype(np.int32)
+        self.mem.reshape(-1)[cells] += size
+        np.maximum.at(self.mem_max, cells // self.fwd.shape[1], self.mem.reshape(-1)[cells])
+        cost = model.device_cost(placed)  # [M, 2]
+        fwd, bwd, load = (a.reshape(-1) for a in (self.fwd, self.bwd, self.load))
+        fwd[cells], bwd[cells] = cost[:, 0], cost[:, 1]
+        load[cells] = fwd[cells] + bwd[cells]
+
+    def fits(self, p: np.ndarray, device: np.ndarray, dim_room: np.ndarray, mem_room: np.ndarray) -> np.ndarray:
+        """[M]: whether device ``device`` of placement ``p`` has dims <= ``dim_room`` and
+        bytes <= ``mem_room`` (all [M])."""
+        cell = p * self.fwd.shape[1] + device
+        return (self.dims.reshape(-1)[cell] <= dim_room) & (self.mem.reshape(-1)[cell] <= mem_room)
+
+
+def greedy_runs(
+    task: Task,
+    model: CostModel,
+    keys: Keys,
+    states: Sequence[Widths],
+    scales: Sequence[float],
+    caps: Sequence[float] | None = None,
+) -> Runs:
+    """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
+    predicted single-shard cost, each to the feasible device with the lowest predicted
+    compute so far (ties to less memory); feasible = memory fits (``caps``, per state:
+    default the task's cap) and the device's dim sum stays within scale x (total width / D).
+
+    Runs that have placed the same shards on the same devices share one placement until
+    they part: the scales of a state, and states alike up to their first difference in
+    shard order, place their first shards alike, and that is placed and predicted once."""
+    D = task.num_devices
+    cap = np.repeat(np.asarray(caps if caps is not None else [task.memory_cap_bytes] * len(states), dtype=np.float64), len(scales))
+    order, dim_cap, length = _run_orders(keys, states, scales, D)
+    smax, R = order.shape
+    # placement 0 is the empty one every run starts from; a group of runs parting from
+    # the others of its placement takes a new one (at most R in all)
+    held = Placements.empty(R, D, keys.emb.shape[1])
+    n_held = 1
+    placement = np.zeros(R, dtype=np.int64)  # [R] the placement holding run r's
+    shared = True  # some active runs may share a placement
+    end_fwd, end_bwd, end_dims = np.zeros((R, D)), np.zeros((R, D)), np.zeros((R, D))
+    assign = np.full((smax, R), -1, dtype=np.int64)
+    died_at = np.full(R, -1, dtype=np.int64)  # -1: alive
+    free_at_death = np.zeros(R)
+    for k in range(smax + 1):
+        done = np.flatnonzero((died_at < 0) & (length == k))
+        p = placement[done]
+        end_fwd[done], end_bwd[done], end_dims[done] = held.fwd[p], held.bwd[p], held.dims[p]
+        if k == smax:
+            break
+        a = np.flatnonzero((died_at < 0) & (length > k))  # [A] the active runs
+        if not a.size:
+            break
+        p, kk = placement[a], order[k, a]
+        dim_room, mem_room = dim_cap[a] - keys.width[kk], cap[a] - keys.size[kk]
+        device, decided = _choose_devices(held, n_held, p, kk, dim_room, mem_room, shared)
+        dead = device < 0
+        if dead.any():
+            died_at[a[dead]] = k
+            free_at_death[a[dead]] = cap[a[dead]] - held.mem[p[dead]].min(1)
+            a, p, kk, device, decided = (x[~dead] for x in (a, p, kk, device, decided))
+        assign[k, a] = device
+        if shared:
+            n_held = _part(held, n_held, placement, a, p, kk * D + device, decided)
+            p, kk, device = _one_run_per_placement(n_held, placement[a], kk, device)
+            shared = len(p) < len(a)
+        held.place(model, p * D + device, keys.emb[kk], keys.width[kk], keys.size[kk])
+    alive = died_at < 0
+    total = np.full(R, np.inf)
+    if alive.any():
+        _, total[alive] = model.embedding_cost(end_fwd[alive], end_bwd[alive], end_dims[alive])
+    return Runs(total, assign.T, order.T, died_at, free_at_death)
+
+
+def _one_run_per_placement(
+    n_held: int, placement: np.ndarray, shard: np.ndarray, device: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of A runs on placements ``placement`` [A] placing ``shard`` on ``device`` [A]: each
+    placement in use once, in order [P], and the shard and device of one of its runs [P],
+    which places the shard for all of them."""
+    run_of = np.full(n_held, -1)  # [n_held]
+    run_of[placement] = np.arange(len(placement))
+    p = np.flatnonzero(run_of >= 0)
+    return p, shard[run_of[p]], device[run_of[p]]
+
+
+def _run_orders(
+    keys: Keys, states: Sequence[Widths], scales: Sequence[float], devices: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per run (R = states x scales, a state's scales together): the key of the shard it
+    places at each step [Smax, R] (-1 past its last), its dim cap (scale x total width /
+    devices, plus a tolerance) [R] and its number of shards [R]."""
+    per_state = []
+    for st in states:
+        ids = np.asarray([keys.index[k] for k in state_keys(st)])
+        per_state.append(ids[np.argsort(-keys.single[ids], kind="stable")])
+    smax = max(len(p) for p in per_state)
+    R = len(states) * len(scales)
+    order = np.full((smax, R), -1, dtype=np.int64)  # [Smax, R]: step k's shard of every run
+    limit = np.empty(R)
+    length = np.empty(R, dtype=np.int64)
+    for i, ids in enumerate(per_state):
+        total_width = keys.width[ids].sum()
+        for j, sc in enumerate(scales):
+            r = i * len(scales) + j
+            order[: len(ids), r] = ids
+            limit[r] = sc * total_width / devices
+            length[r] = len(ids)
+    return order, limit + 1e-9, length
+
+
+def _choose_devices(
+    held: Placements,
+    n_held: int,
+    p: np.ndarray,
+    shard: np.ndarray,
+    dim_room: np.ndarray,
+    mem_room: np.ndarray,
+    shared: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_least_loaded_with_room`` for A runs on placements ``p`` [A] (of ``held``'s first
+    ``n_held``) placing ``shard`` [A] with ``dim_room`` and ``mem_room`` [A], scanning each
+    placement's devices once; and whether each run took its placement's decision [A].
+
+    Where runs share a placement (``shared``), it decides for the shard one of them
+    places, with the most room any run placing that shard has; a run with less room makes
+    the same choice when both the chosen device and the first least-loaded one fit it (the
+    least load and its ties among the devices the run may use are then the same); any
+    other run decides alone."""
+    most_dim = np.full(n_held, -np.inf)  # [n_held]; -inf: placement not in use
+    most_mem = np.full(n_held, -np.inf)
+    if not shared:  # one run per placement
+        most_dim[p], most_mem[p] = dim_room, mem_room
+        device, _ = _least_loaded_with_room(
+            held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held]
+        )
+        return device[p], np.ones(len(p), dtype=bool)
+    deciding = np.full(n_held, -1)  # [n_held] the shard each placement decides for
+    deciding[p] = shard
+    same = shard == deciding[p]  # [A]
+    np.maximum.at(most_dim, p[same], dim_room[same])
+    np.maximum.at(most_mem, p[same], mem_room[same])
+    chosen, least = _least_loaded_with_room(
+        held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held]
+    )
+    device, least = chosen[p], least[p]  # [A]
+    decided = same & (
+        ((dim_room == most_dim[p]) & (mem_room == most_mem[p]))
+        | ((device >= 0) & held.fits(p, np.maximum(device, 0), dim_room, mem_room) & held.fits(p, least, dim_room, mem_room))
+    )
+    alone = np.flatnonzero(~decided)
+    if alone.size:
+        q = p[alone]
+        device[alone], _ = _least_loaded_with_room(
+            held.load[q], held.dims[q], held.mem[q], dim_room[alone], mem_room[alone], held.mem_max[q]
+        )
+    return device, decided
+
+
+def _part(
+    held: Placements, n_held: int, placement: np.ndarray, a: np.ndarray, p: np.ndarray, move: np.ndarray, decided: np.ndarray
+) -> int:
+    """Runs ``a`` [A] on placements ``p`` [A] make ``move``s [A] (shard and device): those
+    making the move their placement decided on (``decided`` [A]: the runs that took its
+    decision) go on sharing it; the others, grouped by placement and move, move to copies
+    of it, but for the first such group of a placement no run kept, which takes the
+    placement itself. Sets ``placement`` [R] of the runs; returns how many are held."""
+    kept = np.full(n_held, -1)  # [n_held] the move each placement makes, -1: none yet
+    kept[p[decided]] = move[decided]
+    other = np.flatnonzero(kept[p] != move)
+    if not other.size:
+        return n_held
+    _, first, group = np.unique(p[other] * (move.max() + 1) + move[other], return_index=True, return_inverse=True)
+    src = p[other[first]]  # [G] in placement order
+    take = kept[src] < 0
+    take[1:] &= src[1:] != src[:-1]
+    dst = src.copy()
+    new = np.flatnonzero(~take)
+    dst[new] = n_held + np.arange(len(new))
+    held.copy(dst[new], src[new])
+    placement[a[other]] = dst[group]
+    return n_held + len(new)
+
+
+def _least_loaded_with_room(
+    load: np.ndarray,
+    dims: np.ndarray,
+    mem: np.ndarray,
+    dim_room: np.ndarray,
+    mem_room: np.ndarray,
+    mem_max: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy's device on each of G placements, [G]: of the devices with dims <=
+    dim_room and mem <= mem_room, the one of least load; ties (within 1e-9) to less memory,
+    then to the lower index; -1 where no device has room or the least load is not finite.
+    Also the first device of least load, [G] (the same but for ties).
+
+    load, dims, mem: [G, D] per placement and device; dim_room, mem_room: [G], the caps
+    less the shard's width and bytes. Dims and bytes are whole numbers, so ``dims > cap -
+    w`` is exactly ``dims + w > cap``, and for integer ``dims`` (the greedy's int32) it is
+    ``dims > floor(cap - w)``, compared in their own type. ``mem_max`` [G], each
+    placement's fullest device (default: computed), spares the placements whose every
+    device has room the memory comparison. One argmin finds the least device, a second one
+    whether another is within the tolerance; only those placements compare memory."""
+    rows = np.arange(len(load))
+    if np.issubdtype(dims.dtype, np.integer):
+        dim_room = np.clip(np.floor(dim_room), np.iinfo(dims.dtype).min, np.iinfo(dims.dtype).max).astype(dims.dtype)
+    masked = np.where(dims > dim_room[:, None], np.inf, load)  # [G, D]
+    full = np.flatnonzero((mem.max(1) if mem_max is None else mem_max) > mem_room)
+    if full.size:
+        masked[full] = np.where(mem[full] > mem_room[full, None], np.inf, masked[full])
+    first = masked.argmin(1)
+    least = masked[rows, first]
+    masked[rows, first] = np.inf
+    tied = masked[rows, masked.argmin(1)] <= least + 1e-9
+    device = first.copy()
+    if tied.any():
+        t = rows[tied]
+        masked[t, first[t]] = least[t]
+        tie = masked[t] <= least[t, None] + 1e-9  # [T, D]
+        device[t] = np.where(tie, mem[t], np.inf).argmin(1)
+    device[~np.isfinite(least)] = -1
+    return device, first
+
+
+def plan_of(task: Task, keys: Keys, runs: Runs, r: int) -> Plan:
+    """The plan of run ``r``: each shard it placed on its device."""
+    inverse = {i: k for k, i in keys.index.items()}
+    shards = []
+    for key, dev in zip(runs.order_keys[r], runs.assign[r]):
+        if key < 0:
+            break
+        t, w = inverse[int(key)]
+        shards.append((t, w, int(dev)))
+    return plan_from_shards(task, shards)
+
+
+def plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan:
+    """Plan from (table index, width, device) triples; a table's shards narrowest first.
+
+    Column order matters to DMP: with a rank holding a wider shard of a table before a
+    narrower one (e.g. widths 64, 32, 32 on ranks 0, 1, 0), the 2-EBC dmp_step model's
+    ranks disagreed on a collective's size and gloo aborted (TorchRec 1.8, found by
+    benchmarks.dmp_step --quick); narrowest first, every rank's shards ascend."""
+    per_table: dict[int, list[tuple[int, int]]] = {}
+    for t, w, d in shards:
+        per_table.setdefault(t, []).append((w, d))
+    placements = []
+    for t, table in enumerate(task.tables):
+        if t not in per_table:  # left out of the state: the caller places it
+            continue
+        ordered = sorted(per_table[t])
+        placements.append(TablePlacement(table.name, tuple(w for w, _ in ordered), tuple(d for _, d in ordered)))
+    return Plan(tuple(placements), task.num_devices)

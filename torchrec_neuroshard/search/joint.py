@@ -1,0 +1,70 @@
+"""One task's tables planned together, the search's main line. In: a task, the placements
+given before the search, and the search's context. Out: the cheapest of the beam's plans
+and the heuristics' plans (the whole step pricing each, around the chosen kinds and around
+the given placements alone), improved locally, with its fixed placements; and the number
+of split states scored. Raises ``InfeasibleError`` naming the table short of memory when
+no plan fits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
+from torchrec_neuroshard.search.config import SearchConfig, SearchContext
+from torchrec_neuroshard.search.fixed import fixed_ms, rest_task, with_fixed
+from torchrec_neuroshard.search.greedy import Keys, Widths, greedy_runs, state_keys
+from torchrec_neuroshard.search.kinds import choose_kinds
+from torchrec_neuroshard.search.local import improve_plan
+from torchrec_neuroshard.search.splits import split_and_place
+from torchrec_neuroshard.stepcost import Embedder, predict_step
+from torchrec_neuroshard.types import CostModel, InfeasibleError, Plan, TableChoices, TablePlacement, Task
+
+
+def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> tuple[Plan, int]:
+    """The best plan of the tables ``given`` leaves, all placed together (kinds chosen,
+    placed, seeded with the heuristics' plans, improved locally), with ``given``; and the
+    states evaluated."""
+    model, config, choices, embed = context.model, context.config, context.choices, context.embed
+    choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
+    fixed = choose_kinds(task, model, config, choice, embed, given)
+    searched, evaluated = split_and_place(task, model, config, choice, fixed, embed)
+    candidates = [(p, fixed) for p in searched]
+    if config.seed_with_baselines and fixed != given:  # around the chosen kinds too
+        candidates += [(p, fixed) for p in _feasible_baselines(rest_task(task, fixed))]
+    if config.seed_with_baselines:
+        candidates += [(p, given) for p in _feasible_baselines(rest_task(task, given))]
+    if not candidates:
+        raise _shortfall(rest_task(task, given), model, config, embed)
+    costs = [predict_step(model, task, with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
+    plan, fixed = candidates[int(np.argmin(costs))]
+    rest = rest_task(task, fixed)
+    if config.local_search and len(task.modules) < 2:  # it balances devices' totals; several modules: modules.improve_modules
+        keys = Keys(rest, model, embed)
+        index = {t.name: i for i, t in enumerate(rest.tables)}
+        keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
+        plan = improve_plan(rest, model, keys, plan, config, fixed_ms(model, task, fixed, embed))
+    return with_fixed(plan, fixed, task), evaluated
+
+
+def _feasible_baselines(task: Task) -> list[Plan]:
+    """The plans of the heuristics (``heuristics.BASELINES``) that fit the task's memory."""
+    plans = []
+    for name in BASELINES:
+        try:
+            plans.append(baseline_plan(name, task))
+        except InfeasibleError:
+            continue
+    return plans
+
+
+def _shortfall(task: Task, model: CostModel, config: SearchConfig, embed: Embedder) -> InfeasibleError:
+    """The memory error of the root greedy run that placed the most shards."""
+    keys = Keys(task, model, embed)
+    root: Widths = tuple((t.dim,) for t in task.tables)
+    keys.ensure(state_keys(root))
+    runs = greedy_runs(task, model, keys, [root], config.scales)
+    r = int(np.argmax(runs.died_at))
+    inverse = {i: k for k, i in keys.index.items()}
+    t, _ = inverse[int(runs.order_keys[r, runs.died_at[r]])]
+    return memory_shortfall_error(task, task.tables[t], [int(runs.free_at_death[r])])

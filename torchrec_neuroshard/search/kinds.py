@@ -1,0 +1,153 @@
+"""The choice of sharding kinds, in the role of TorchRec's sharding types. In: the tables
+the caller left open, each one's choices, and the model's step parts. Out: the tables to
+replicate (data-parallel) or split by rows (row-wise, table-row-wise), as placements fixed
+beside the given ones; the rest go on to the column splits and the greedy placement.
+
+Every table that may be replicated gets a score from the model alone (the load it takes
+off a device minus what its replica costs every device), every table that may be split by
+rows and would take half a device's fair share or more is a row-wise candidate (over
+every rank; on several hosts also table-row-wise, over one host's ranks, spread over the
+hosts); a grid over how many of each (best scores first) is priced by the whole step
+(``stepcost.predict_step``, on the task's links) of a quick greedy placement, and the
+cheapest set is fixed. Table-column-wise is column-wise kept on one host, with the same
+collectives: the search places column splits anywhere and labels them by the table's
+constraints (``planner``).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from torchrec_neuroshard.hosts import spread_over_hosts
+from torchrec_neuroshard.search.config import SearchConfig
+from torchrec_neuroshard.search.fixed import free_memory, with_fixed
+from torchrec_neuroshard.search.greedy import Keys, greedy_runs, plan_of
+from torchrec_neuroshard.stepcost import Collectives, Embedder, data_parallel_ms, predict_step
+from torchrec_neuroshard.types import (
+    CostModel,
+    Shard,
+    ShardingKind,
+    TableChoices,
+    TablePlacement,
+    TableSpec,
+    Task,
+)
+
+Kinds = tuple[TablePlacement, ...]
+"""Placements fixed before the column splits: the given ones, then the tables split by
+rows, then the replicated ones."""
+
+
+def choose_kinds(
+    task: Task,
+    model: CostModel,
+    config: SearchConfig,
+    choice: Mapping[str, TableChoices],
+    embed: Embedder,
+    given: Kinds,
+) -> Kinds:
+    """The ``given`` placements and the tables to replicate or split by rows beside them
+    (see the module docstring); ``given`` alone when the model cannot price either, or on
+    one device."""
+    collectives = Collectives.of(model, task)
+    if task.num_devices == 1 or not (collectives.replicates() or collectives.splits_rows()):
+        return given
+    given_names = {p.table for p in given}
+    open_tables = [(i, t) for i, t in enumerate(task.tables) if t.name not in given_names]
+    keys = Keys(task, model, embed)
+    keys.ensure([(i, t.dim) for i, t in open_tables])
+    single = {t.name: float(keys.single[keys.index[(i, t.dim)]]) for i, t in open_tables}
+    fair = sum(single.values()) / task.num_devices
+    replicable = _replication_candidates(task, model, collectives, choice, single, open_tables)
+    grid = []
+    for rows in _row_choices(task, config, choice, single, fair, open_tables if collectives.splits_rows() else []):
+        taken = {p.table for p in rows}
+        left = [t for t in replicable if t.name not in taken][: len(open_tables) - len(rows) - 1]
+        for n_dp in sorted({min(k, len(left)) for k in config.data_parallel_grid}):
+            grid.append(given + rows + tuple(TablePlacement.data_parallel(t.name) for t in left[:n_dp]))
+    cheapest = _cheapest(task, model, config, keys, embed, grid)
+    return cheapest if cheapest is not None else given
+
+
+def _replication_candidates(
+    task: Task,
+    model: CostModel,
+    collectives: Collectives,
+    choice: Mapping[str, TableChoices],
+    single: Mapping[str, float],
+    open_tables: Sequence[tuple[int, TableSpec]],
+) -> list[TableSpec]:
+    """The open tables that may be replicated and whose replica fits a device, best score
+    first (the load a replica takes off a device less what it costs every device); none
+    when the model cannot price replication."""
+    if not collectives.replicates():
+        return []
+    world, parts, links = task.num_devices, model.step_parts, collectives.links
+    base = sum(data_parallel_ms(parts, [], task.batch_size, world, links).values())
+    gain = {
+        t.name: single[t.name] / world - (sum(data_parallel_ms(parts, [t], task.batch_size, world, links).values()) - base)
+        for _, t in open_tables
+    }
+    return sorted(
+        (
+            t
+            for _, t in open_tables
+            if choice[t.name].data_parallel
+            and Shard(t, t.dim).memory_bytes(ShardingKind.DATA_PARALLEL, task.batch_size, world) < task.memory_cap_bytes
+        ),
+        key=lambda t: (-gain[t.name], t.name),
+    )
+
+
+def _cheapest(task: Task, model: CostModel, config: SearchConfig, keys: Keys, embed: Embedder, grid: Sequence[Kinds]) -> Kinds | None:
+    """The kinds of ``grid`` whose quick greedy placement of the other tables (whole, in
+    lockstep) the whole step prices lowest; None when no placement fits memory (a choice
+    whose fixed tables leave no memory has a cap <= 0: all its runs die)."""
+    states = []
+    for fixed in grid:
+        names = {p.table for p in fixed}
+        states.append(tuple(() if t.name in names else (t.dim,) for t in task.tables))
+    runs = greedy_runs(task, model, keys, states, config.kind_scales, [free_memory(task, f) for f in grid])
+    per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
+    best: tuple[float, Kinds] | None = None
+    for i, fixed in enumerate(grid):
+        if not np.isfinite(per_state[i].min()):
+            continue
+        placed = plan_of(task, keys, runs, i * len(config.kind_scales) + int(per_state[i].argmin()))
+        cost = predict_step(model, task, with_fixed(placed, fixed, task), embed).cost_ms
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, fixed)
+    return best[1] if best is not None else None
+
+
+def _row_choices(
+    task: Task,
+    config: SearchConfig,
+    choice: Mapping[str, TableChoices],
+    single: Mapping[str, float],
+    fair: float,
+    open_tables: Sequence[tuple[int, TableSpec]],
+) -> list[Kinds]:
+    """The row splits ``choose_kinds`` tries: none, and the costliest 1, 2, 4, ... tables
+    that take half a device's fair share or more (``config.row_wise_grid``; one table of
+    ``open_tables`` stays sharded), split row-wise over every rank, or, on a topology of
+    several hosts, table-row-wise over one host each (the least loaded host first, so
+    several spread over the hosts)."""
+    world, links = task.num_devices, task.links
+    hosts = world // links.local_world_size if links is not None else 1  # full hosts
+    kinds = [ShardingKind.ROW_WISE] + ([ShardingKind.TABLE_ROW_WISE] if hosts > 1 else [])
+    out: list[Kinds] = [()]
+    for kind in kinds:
+        blocks = world if kind is ShardingKind.ROW_WISE else links.local_world_size
+        candidates = sorted(
+            (t for _, t in open_tables if choice[t.name].allows(kind) and t.rows >= blocks and single[t.name] >= fair / 2),
+            key=lambda t: (-single[t.name], t.name),
+        )
+        for n in sorted({min(k, len(candidates), len(open_tables) - 1) for k in config.row_wise_grid} - {0}):
+            if kind is ShardingKind.ROW_WISE:
+                out.append(tuple(TablePlacement.row_blocks(t, range(world)) for t in candidates[:n]))
+            else:
+                out.append(spread_over_hosts(candidates[:n], lambda t: single[t.name], world, links.local_world_size))
+    return out

@@ -1,0 +1,90 @@
+"""The beam search over column splits, in TorchRec's proposer role. In: the tables left
+by the fixed placements, each one's least width. Out: the best plan of every depth that
+improved on the shallower ones (each split state placed by ``greedy``), and the number of
+states scored.
+
+The greedy runs price a device's shards as one kernel and one all-to-all, but TorchRec
+runs a lookup group (kernel, input distribution, all-to-all) per sharding kind, so a
+column-wise split adds a group. The caller prices the beam's best plan of every depth with
+the whole step beside the heuristics' plans, and the cheapest goes on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from torchrec_neuroshard.search.config import SearchConfig
+from torchrec_neuroshard.search.fixed import rest_task
+from torchrec_neuroshard.search.greedy import Keys, Widths, greedy_runs, plan_of, state_keys
+from torchrec_neuroshard.stepcost import Embedder
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, TableChoices, TablePlacement, Task
+
+
+def split_and_place(
+    task: Task,
+    model: CostModel,
+    config: SearchConfig,
+    choice: Mapping[str, TableChoices],
+    fixed: Sequence[TablePlacement],
+    embed: Embedder,
+) -> tuple[list[Plan], int]:
+    """The beam search over column splits of the tables not in ``fixed``: the best plan of
+    those tables at every depth that improved on the shallower ones (no split first; [] if
+    no run fit memory), and the number of split states scored. The caller re-prices each
+    depth's best with the whole step (see the module docstring)."""
+    task = rest_task(task, fixed)
+    min_w = [max(WIDTH_ALIGNMENT, choice[t.name].min_width) for t in task.tables]
+    keys = Keys(task, model, embed)
+    root: Widths = tuple((t.dim,) for t in task.tables)
+    keys.ensure(state_keys(root))
+    runs = greedy_runs(task, model, keys, [root], config.scales)
+    best_cost = float(runs.cost.min())
+    plans = [plan_of(task, keys, runs, int(runs.cost.argmin()))] if math.isfinite(best_cost) else []
+    beam = [root]
+    seen = {root}
+    evaluated = 1
+    for _ in range(config.max_steps):
+        if config.deadline is not None and time.perf_counter() >= config.deadline:
+            break
+        children = [c for st in beam for c in _split_children(st, keys, config.top_k, min_w) if c not in seen]
+        children = list(dict.fromkeys(children))
+        if not children:
+            break
+        seen.update(children)
+        keys.ensure([k for c in children for k in state_keys(c)])
+        runs = greedy_runs(task, model, keys, children, config.scales)
+        evaluated += len(children)
+        per_state = runs.cost.reshape(len(children), len(config.scales))
+        state_cost = per_state.min(1)
+        ranked = np.argsort(state_cost, kind="stable")
+        beam = [children[i] for i in ranked[: config.beam_width]]
+        i = int(ranked[0])
+        if state_cost[i] < best_cost:
+            best_cost = float(state_cost[i])
+            plans.append(plan_of(task, keys, runs, i * len(config.scales) + int(per_state[i].argmin())))
+    return plans, evaluated
+
+
+def _split_children(state: Widths, keys: Keys, top_k: int, min_width: Sequence[int]) -> list[Widths]:
+    """States one halving away: candidates are the union of the top-k shards by size and
+    by predicted cost, halved only if the half is a multiple of 4 and >= the table's min."""
+    shards = [(t, j, w) for t, ws in enumerate(state) for j, w in enumerate(ws)]
+    ok = [
+        (t, j, w)
+        for t, j, w in shards
+        if (w // 2) % WIDTH_ALIGNMENT == 0 and w % 2 == 0 and w // 2 >= min_width[t]
+    ]
+    by_size = sorted(ok, key=lambda s: -keys.size[keys.index[(s[0], s[2])]])[:top_k]
+    by_cost = sorted(ok, key=lambda s: -keys.single[keys.index[(s[0], s[2])]])[:top_k]
+    children = []
+    for t, j, w in dict.fromkeys(by_size + by_cost):
+        ws = list(state[t])
+        ws[j : j + 1] = [w // 2, w // 2]
+        child = list(state)
+        child[t] = tuple(sorted(ws, reverse=True))
+        children.append(tuple(child))
+    return list(dict.fromkeys(children))
