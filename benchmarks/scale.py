@@ -141,7 +141,7 @@ def _device_rounds(
 def _plan_rows(task: Task, plans: dict[str, Plan], lookups: dict, rounds: int) -> list[dict]:
     """Per plan, what is the same on every device: the data-parallel tables' compute
     (rank 0's samples, ``rounds`` repeats) and the modelled communication."""
-    local = task.batch_size // task.num_devices
+    local = task.per_rank_batch
     rows = []
     for name, plan in plans.items():
         names = [p.table for p in plan.placements if p.kind is ShardingKind.DATA_PARALLEL]

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            NeuroShardPlanner(topology, task.batch_size // task.num_devices, constraints=constraints, storage_reservation=0.0).plan(
+            NeuroShardPlanner(topology, task.per_rank_batch, constraints=constraints, storage_reservation=0.0).plan(
                 module, [EmbeddingBagCollectionSharder()]
             )
             times.append(time.perf_counter() - t0)

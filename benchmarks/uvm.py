@@ -60,7 +60,7 @@ def setting(task, to_host: float):
         local_world_size=min(8, world),
     )  # fmt: skip
     constraints = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables}
-    return topology, constraints, task.batch_size // world
+    return topology, constraints, task.per_rank_batch
 
 
 def torchrec_ms(plan, module, topology, constraints, per_rank: int) -> float:

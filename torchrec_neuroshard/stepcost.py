@@ -224,7 +224,7 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     local = task.batch_size / world
     parts = model.step_parts
     collectives = Collectives.of(model, task)
-    by_name = {t.name: t for t in task.tables}
+    by_name = task.by_name
     column, row, replicated = _lookup_groups(plan, by_name, world)
 
     # every group's kernel on every device, in one prediction: [G * D, 2] -> [D, 2]

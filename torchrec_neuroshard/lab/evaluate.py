@@ -184,8 +184,7 @@ def step_exchanges(
     task: Task, groups: Sequence[LookupGroup], replicated: Sequence[Sequence[str]], lookups: Mapping[str, Lookups]
 ) -> tuple[list[Exchange], list[Exchange], list[Exchange]]:
     """The collectives of one step: (input, forward, backward)."""
-    world = task.num_devices
-    local = task.batch_size // world
+    world, local = task.num_devices, task.per_rank_batch
     sent = {  # indices of table t in rank r's samples
         name: [int(off[(r + 1) * local] - off[r * local]) for r in range(world)] for name, (_, off) in lookups.items()
     }
@@ -228,7 +227,7 @@ def _measure_compute_round(
     warmup: int,
     repeats: int,
 ) -> list[tuple[float, float]]:
-    local_batch = task.batch_size // task.num_devices
+    local_batch = task.per_rank_batch
     fwd_dp = bwd_dp = 0.0
     for names in replicated:  # the same on every rank: time rank 0's samples
         tables = [task.table(n) for n in names]

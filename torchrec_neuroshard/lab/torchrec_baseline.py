@@ -45,7 +45,7 @@ def per_rank_batch(task: Task) -> int:
             f"global batch {task.batch_size} does not split evenly over {task.num_devices} "
             f"ranks; use a multiple of {task.num_devices}"
         )
-    return task.batch_size // task.num_devices
+    return task.per_rank_batch
 
 
 PROPOSERS = ("default", "dynamic_programming")

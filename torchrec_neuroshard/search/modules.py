@@ -112,7 +112,7 @@ class _Modules:
     def of(task: Task, model: CostModel, embed: CachedEmbedder) -> "_Modules":
         module_of = {n: k for k, names in enumerate(task.modules) for n in names}
         subtasks = tuple(task.subset(m) for m in task.modules)
-        return _Modules(task, model, embed, {t.name: t for t in task.tables}, module_of, subtasks)
+        return _Modules(task, model, embed, task.by_name, module_of, subtasks)
 
     def predict(self, placements: PlacementsByTable, k: int) -> StepPrediction:
         """Module ``k``'s step as ``placements`` place it."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -104,11 +105,19 @@ class Task:
                 raise ShardingError(f"host memory cap must be positive (or None for none), got {host} bytes")
             object.__setattr__(self, "host_memory_cap_bytes", host)
 
+    @cached_property
+    def by_name(self) -> dict[str, TableSpec]:
+        """The tables by name (built once per task)."""
+        return {t.name: t for t in self.tables}
+
     def table(self, name: str) -> TableSpec:
-        for t in self.tables:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return self.by_name[name]
+
+    @property
+    def per_rank_batch(self) -> int:
+        """The batch one rank feeds its model (``batch_size // num_devices``): what
+        TorchRec's planner calls ``batch_size``."""
+        return self.batch_size // self.num_devices
 
     def subset(self, names: Sequence[str], memory_cap_bytes: int | None = None) -> "Task":
         """The task of the tables ``names`` (in the task's order; modules kept, each
