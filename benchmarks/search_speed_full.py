@@ -115,7 +115,9 @@ def run_all(tasks: list[tuple[int, int]], planners: list[str], timeout: int, pro
             if (tables, devices, planner, here if planner == "neuroshard" else "") in done:
                 continue
             flags = ["--one", f"{tables}x{devices}", planner, "--torchrec-timeout", str(timeout)] + (["--profile"] if profile else [])
-            child = subprocess.run([sys.executable, "-m", "benchmarks.search_speed_full", *flags], capture_output=True, text=True)
+            child = subprocess.run(
+                [sys.executable, "-m", "benchmarks.search_speed_full", *flags], cwd=HERE.parent, capture_output=True, text=True
+            )
             lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
             row = json.loads(lines[-1]) if lines else {
                 "tables": tables, "devices": devices, "planner": planner, "commit": here,

@@ -1,0 +1,51 @@
+"""The production-scale planning benchmark: one row planned in its own process, and the
+report's before/after and TorchRec columns."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.search_speed_full import run_all
+from benchmarks.search_speed_report import BEFORE, report
+
+ROOT = Path(__file__).parents[1]
+
+
+def _row(planner: str, commit: str, seconds: float, predicted: float | None = 10.0, **more) -> dict:
+    row = {"tables": 856, "devices": 8, "planner": planner, "commit": commit, "planning_s": seconds, "cpu_s": seconds,
+           "base_mb": 400.0, "peak_mb": 500.0, "status": "ok", "note": "", "predicted_ms": predicted}  # fmt: skip
+    return {**row, **more}
+
+
+def test_report_sets_before_after_and_torchrec_side_by_side() -> None:
+    rows = [
+        _row("neuroshard", BEFORE, 20.0, 40.0),
+        _row("neuroshard", "abc1234", 4.0, 40.2),
+        _row("torchrec_dp", "abc1234", 80.0),
+        _row("torchrec_timeout", "abc1234", 300.0, status="no plan: PlannerError: no plan fits"),
+    ]
+    text = report(rows)
+    line = next(x for x in text.splitlines() if x.startswith("| 856 | 8 |"))
+    assert "20.0 s (20.0 CPU)" in line and "4.0 s (4.0 CPU)" in line
+    assert "40.00 -> 40.20 (+0.50%)" in line
+    assert "no plan: PlannerError" in line
+    assert "20x (torchrec_dp)" in line  # the fastest configuration that returned a plan
+
+
+@pytest.mark.slow
+def test_one_row_is_planned_in_its_own_process_and_kept(tmp_path) -> None:
+    out = tmp_path / "rows.jsonl"
+    run_all([(856, 128)], ["neuroshard"], timeout=300, profile=True, out=out)
+    row = json.loads(out.read_text().splitlines()[0])
+    assert row["status"] == "ok" and row["planning_s"] > 0 and row["peak_mb"] >= row["base_mb"] > 0
+    assert "search" in row["profile"] and row["predicted_ms"] > 0
+    run_all([(856, 128)], ["neuroshard"], timeout=300, profile=False, out=out)  # resumes: nothing new
+    assert len(out.read_text().splitlines()) == 1
+    shown = subprocess.run(
+        [sys.executable, "-m", "benchmarks.search_speed", "--full-size", "--report-only", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    assert "| 856 | 128 |" in shown.stdout and (tmp_path / "rows.md").exists()
