@@ -44,6 +44,7 @@ from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, WorkloadScale, ge
 from torchrec_neuroshard.search import predicted_breakdown, search
 from torchrec_neuroshard.sharding import from_torchrec
 from torchrec_neuroshard.types import Plan, Task
+from torchrec_neuroshard.uvmcost import UvmPricedModel
 
 HERE = Path(__file__).parent
 GPUS_PER_HOST = 8
@@ -85,6 +86,20 @@ def plan_with(name: str, task: Task, model, torchrec_timeout: int, device_type: 
     return baseline_plan(name, task), {"note": ""}
 
 
+def as_planned(task, model, plan, topology):
+    """The task and model a plan is checked and priced in: a plan with tables on UVM
+    kernels (TorchRec's, on its topology's default host memory) in that host memory, priced
+    with the UVM stand-in (``uvmcost``); any other as it is."""
+    if not plan.offloaded():
+        return task, model
+    placed = {p.table: p for p in plan.placements}
+    tables = tuple(
+        dataclasses.replace(t, kernel=placed[t.name].kernel, cache_load_factor=placed[t.name].cache_load_factor) for t in task.tables
+    )  # each table priced on its placement's kernel
+    task = dataclasses.replace(task, tables=tables, host_memory_cap_bytes=int(topology.devices[0].storage.ddr))
+    return task, UvmPricedModel(model, topology.hbm_to_ddr_mem_bw, task.batch_size)
+
+
 def run_one(num_devices: int, hbm_bytes: int, torchrec_timeout: int, out: Path) -> None:
     task = full_size_task(num_devices, hbm_bytes)
     model = cost_model_for(topology_for(task), load_pretrained("h200")).with_batch_size(task.batch_size)
@@ -94,8 +109,9 @@ def run_one(num_devices: int, hbm_bytes: int, torchrec_timeout: int, out: Path) 
         try:
             plan, about = plan_with(name, task, model, torchrec_timeout)
             row["planning_s"] = round(time.perf_counter() - t0, 2)
-            plan.validate(task)  # memory as TorchRec counts it; raises with the shortfall
-            cost, devices = predicted_breakdown(model, task, plan)
+            planned, priced = as_planned(task, model, plan, topology_for(task))
+            plan.validate(planned)  # memory as TorchRec counts it; raises with the shortfall
+            cost, devices = predicted_breakdown(priced, planned, plan)
             row.update(
                 status="ok", predicted_ms=cost, **about,
                 kinds=dict(Counter(p.kind.value for p in plan.placements)),
@@ -156,7 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     print(report(read_rows(args.out)))
     print(
         "\nNeuroShard and the heuristics run every table on the fused kernel (dense for data-parallel ones). "
-        "predicted_ms prices every kernel as fused in HBM: a fused_uvm plan's is optimistic."
+        "predicted_ms prices a table on a UVM kernel with the stand-in (uvmcost; rows written before it "
+        "priced every kernel as fused in HBM, optimistic for a fused_uvm plan)."
     )
 
 

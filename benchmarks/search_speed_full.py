@@ -70,7 +70,7 @@ def commit() -> str:
 
 def plan_one(num_tables: int, num_devices: int, planner: str, timeout: int, profile: bool) -> dict:
     """One row: plan, time and measure one (task, planner) in this process."""
-    from benchmarks.fullsize import plan_with, topology_for
+    from benchmarks.fullsize import as_planned, plan_with, topology_for
     from torchrec_neuroshard.costmodel import cost_model_for, load_pretrained
     from torchrec_neuroshard.search import predicted_breakdown
 
@@ -90,7 +90,7 @@ def plan_one(num_tables: int, num_devices: int, planner: str, timeout: int, prof
         if profiler:
             profiler.disable()
         row.update(planning_s=round(time.perf_counter() - wall, 2), cpu_s=round(time.process_time() - cpu, 2))
-        task, model = _as_planned(task, model, plan, topology_for(task))
+        task, model = as_planned(task, model, plan, topology_for(task))
         plan.validate(task)
         row.update(status="ok", note=about["note"], predicted_ms=predicted_breakdown(model, task, plan)[0])
     except Exception as e:  # noqa: BLE001 - a planner failing is a result
@@ -102,22 +102,6 @@ def plan_one(num_tables: int, num_devices: int, planner: str, timeout: int, prof
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(14)
         row["profile"] = "ncalls" + text.getvalue().split("ncalls", 1)[1].rstrip()
     return row
-
-
-def _as_planned(task, model, plan, topology):
-    """The task and model a plan is checked and priced in: a plan with tables on UVM
-    kernels (TorchRec's, on its topology's default host memory) in that host memory, priced
-    with the UVM stand-in (``uvmcost``); any other as it is."""
-    if not plan.offloaded():
-        return task, model
-    from torchrec_neuroshard.uvmcost import UvmPricedModel
-
-    placed = {p.table: p for p in plan.placements}
-    tables = tuple(
-        dataclasses.replace(t, kernel=placed[t.name].kernel, cache_load_factor=placed[t.name].cache_load_factor) for t in task.tables
-    )  # each table priced on its placement's kernel
-    task = dataclasses.replace(task, tables=tables, host_memory_cap_bytes=int(topology.devices[0].storage.ddr))
-    return task, UvmPricedModel(model, topology.hbm_to_ddr_mem_bw, task.batch_size)
 
 
 def read_rows(path: Path) -> list[dict]:
