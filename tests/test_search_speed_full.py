@@ -49,3 +49,28 @@ def test_one_row_is_planned_in_its_own_process_and_kept(tmp_path) -> None:
         cwd=ROOT, capture_output=True, text=True, check=True,
     )
     assert "| 856 | 128 |" in shown.stdout and (tmp_path / "rows.md").exists()
+
+
+def test_a_plan_on_uvm_kernels_is_checked_in_host_memory_and_priced_with_the_stand_in() -> None:
+    import dataclasses
+
+    from benchmarks.fullsize import as_planned
+    from torchrec_neuroshard.costmodel import cost_model_for, load_pretrained
+    from torchrec_neuroshard.heuristics import baseline_plan
+    from torchrec_neuroshard.kernels import ComputeKernel
+    from torchrec_neuroshard.lab.torchrec_baseline import topology_for
+    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+    from torchrec_neuroshard.search import predicted_breakdown
+    from torchrec_neuroshard.types import Plan, ShardingError
+
+    task = generate_task(synthetic_pool(), 24, 8, WorkloadScale(1, 65_536), seed=0)
+    topology = topology_for(task, "cuda", 8)
+    model = cost_model_for(topology, load_pretrained("h200")).with_batch_size(task.batch_size)
+    fused = baseline_plan("size", task)
+    uvm = Plan(tuple(dataclasses.replace(p, kernel=ComputeKernel.FUSED_UVM) for p in fused.placements), fused.num_devices)
+    assert as_planned(task, model, fused, topology) == (task, model)  # a fused plan as it is
+    with pytest.raises(ShardingError, match="no host memory cap"):
+        uvm.validate(task)
+    planned, priced = as_planned(task, model, uvm, topology)
+    uvm.validate(planned)
+    assert predicted_breakdown(priced, planned, uvm)[0] > predicted_breakdown(model, task, fused)[0]
