@@ -28,10 +28,10 @@ from torchrec_neuroshard.search.greedy import Keys, plan_from_shards
 from torchrec_neuroshard.types import CostModel, Plan, Task
 
 SHORTLIST = 1024
-"""Candidates of a round priced exactly; more are screened by the separable estimate.
-The exact best was the estimate's best in 76 of 100 rounds of the full-size 856-table
-task on 8 devices, and within its best 1,024 in all but 6; the plans' predicted steps
-against pricing every candidate: benchmarks/search_speed.py --full-size."""
+"""Candidates of a round priced exactly; more are screened by the separable estimate
+(tests/test_local_search.py holds the screened search to within 2% of the exhaustive one;
+benchmarks/search_speed.py --full-size compares the plans with the exhaustive search's of
+commit 50a0ad0)."""
 
 
 def improve_plan(task: Task, model: CostModel, keys: Keys, plan: Plan, config: SearchConfig, fixed_ms: np.ndarray) -> Plan:
@@ -203,16 +203,15 @@ def _two_device_cost(
     wait-free comm, so a candidate costs the latest forward plus the largest backward +
     comm of its two devices and the others'; comm is priced once for each of the G
     distinct (destination, columns moved)."""
+    if model.wait_free_comm(now.dims[None]) is None:  # decided before the grouping, not after it
+        return None
     span = 2 * int(np.abs(delta_w).max()) + 1  # columns moved are whole numbers
     codes, inverse = np.unique(dst * span + (delta_w.astype(np.int64) + span // 2), return_inverse=True)  # [G], [n]
     g_dst, g_moved, rows = codes // span, codes % span - span // 2, np.arange(len(codes))
     dims = np.repeat(now.dims[None], len(rows), 0)  # [G, D]
     dims[:, worst] -= g_moved
     dims[rows, g_dst] += g_moved
-    comm = model.wait_free_comm(dims)  # [G, D, 2]
-    if comm is None:
-        return None
-    comm = comm.sum(2)  # [G, D]
+    comm = model.wait_free_comm(dims).sum(2)  # [G, D]
     late = now.base[None, :, 1] + comm  # [G, D] backward + comm
     late[:, worst] = -np.inf
     late[rows, g_dst] = -np.inf
