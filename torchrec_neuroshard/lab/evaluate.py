@@ -36,7 +36,7 @@ per-module Python overheads (KJT permutes, splits, awaitables).
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 import torch
@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from torchrec_neuroshard.lab.launch import default_device, spawn
 from torchrec_neuroshard.lab.measure_comm import Exchange, measure_step_comm
-from torchrec_neuroshard.lab.measure_compute import Lookups, Timing, measure_compute, measure_replicated_compute
+from torchrec_neuroshard.lab.measure_compute import Draws, Lookups, Timing, measure_compute, measure_replicated_compute
 from torchrec_neuroshard.lab.workloads import lookups_for
 from torchrec_neuroshard.types import DeviceCost, Plan, Shard, ShardingKind, Task
 
@@ -103,9 +103,16 @@ class PlanMeasurement:
         )
 
 
-def task_lookups(task: Task, seed: int = 0) -> dict[str, Lookups]:
-    """Synthetic bags for every table of a task, reproducing each table's statistics."""
-    return {t.name: lookups_for(t, task.batch_size, seed + i) for i, t in enumerate(task.tables)}
+def task_lookups(task: Task, seed: int = 0, draw: int = 0) -> dict[str, Lookups]:
+    """Synthetic bags for every table of a task, reproducing each table's statistics;
+    ``draw`` > 0: another batch of the same tables (``workloads.sample_lookups``)."""
+    return {t.name: lookups_for(t, task.batch_size, seed + i, draw) for i, t in enumerate(task.tables)}
+
+
+def on_kernels(task: Task, plan: Plan) -> Task:
+    """``task`` with each table on its placement's compute kernel (``spec_of``): the
+    kernels a device's TBE builds for it (``measure_compute.build_kernel``)."""
+    return replace(task, tables=tuple(plan.placement(t.name).spec_of(t) for t in task.tables))
 
 
 def _as_plan(plan: Plan | ShardingPlan, task: Task) -> Plan:
@@ -160,7 +167,7 @@ def _row_block(lookups: Lookups, start: int, rows: int) -> Lookups:
     what a row-wise shard's kernel looks up after bucketisation."""
     indices, offsets = lookups
     keep = (indices >= start) & (indices < start + rows)
-    kept_before = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(keep.to(torch.int64), 0)])
+    kept_before = torch.cat([torch.zeros(1, dtype=torch.int64, device=indices.device), torch.cumsum(keep.to(torch.int64), 0)])
     return indices[keep] - start, kept_before[offsets]
 
 
@@ -222,12 +229,15 @@ def _measure_compute_round(
     task: Task,
     groups: Sequence[LookupGroup],
     replicated: Sequence[Sequence[str]],
-    lookups: Mapping[str, Lookups],
+    lookups: Mapping[str, Lookups] | Draws,
     device: torch.device,
     warmup: int,
     repeats: int,
 ) -> list[tuple[float, float]]:
-    local_batch = task.per_rank_batch
+    """(forward, backward) compute ms of every device; ``lookups`` several batches
+    (``Draws``): each kernel runs them in turn (a UVM cache meets new batches)."""
+    draws = [lookups] if isinstance(lookups, Mapping) else list(lookups)
+    lookups, local_batch = draws[0], task.per_rank_batch
     fwd_dp = bwd_dp = 0.0
     for names in replicated:  # the same on every rank: time rank 0's samples
         tables = [task.table(n) for n in names]
@@ -240,7 +250,8 @@ def _measure_compute_round(
         fwd, bwd = fwd_dp, bwd_dp
         for g in groups:
             if g.shards[d]:
-                m = measure_compute(*device_kernel(task, g, d, lookups), device, warmup, repeats)
+                shards = device_kernel(task, g, d, lookups)[0]
+                m = measure_compute(shards, [device_kernel(task, g, d, dr)[1] for dr in draws], device, warmup, repeats)
                 fwd, bwd = fwd + m.fwd.median_ms, bwd + m.bwd.median_ms
         out.append((fwd, bwd))
     return out
@@ -285,11 +296,12 @@ def evaluate_plans(
     lookups = lookups or task_lookups(task)
     modules = modules or task.modules or [[t.name for t in task.tables]]
     structure = [lookup_groups(task, plan, modules) for plan in ours]
+    tasks = [on_kernels(task, plan) for plan in ours]
     exchanges = [step_exchanges(task, g, rep, lookups) for g, rep in structure]
     compute: list[list[list[tuple[float, float]]]] = [[] for _ in ours]
     for _ in tqdm(range(rounds), desc="compute rounds", disable=not progress):
         for k, (groups, replicated) in enumerate(structure):
-            compute[k].append(_measure_compute_round(task, groups, replicated, lookups, device, warmup, repeats))
+            compute[k].append(_measure_compute_round(tasks[k], groups, replicated, lookups, device, warmup, repeats))
     jobs = []
     for r in range(rounds):
         for k in range(len(ours)):

@@ -1,11 +1,15 @@
 """Ground truth for compute: one fused FBGEMM TBE kernel over a device's shards, timed.
 
 The same code runs on a CPU (``EmbeddingLocation.HOST``, perf_counter, a fixed thread
-count) and a GPU (``EmbeddingLocation.DEVICE``, CUDA events): the device decides.
+count) and a GPU (CUDA events): the device decides. On a GPU each shard sits where its
+table's compute kernel keeps it, as TorchRec builds the TBE: fused in HBM
+(``EmbeddingLocation.DEVICE``), fused_uvm in host memory over UVM (``MANAGED``),
+fused_uvm_caching in host memory behind an HBM cache (``MANAGED_CACHING``).
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from contextlib import contextmanager
@@ -21,10 +25,18 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     SplitTableBatchedEmbeddingBagsCodegen,
 )
 
+from torchrec_neuroshard.kernels import ComputeKernel
 from torchrec_neuroshard.types import Shard, TableSpec
 
 Lookups = tuple[torch.Tensor, torch.Tensor]
 """One table's bags for one batch: (indices int64 [N], offsets int64 [B + 1])."""
+Draws = Sequence[Mapping[str, Lookups]]
+"""Successive batches of the same tables (``workloads.lookups_for``'s draws), by table name."""
+GPU_LOCATIONS = {
+    ComputeKernel.FUSED: EmbeddingLocation.DEVICE,
+    ComputeKernel.FUSED_UVM: EmbeddingLocation.MANAGED,
+    ComputeKernel.FUSED_UVM_CACHING: EmbeddingLocation.MANAGED_CACHING,
+}
 
 
 @dataclass(frozen=True)
@@ -96,22 +108,37 @@ PRECISIONS = {"fp32": SparseType.FP32, "fp16": SparseType.FP16, "bf16": SparseTy
 """Weight dtypes a kernel can be measured with (bf16 runs on CUDA only in fbgemm-gpu-cpu 1.8)."""
 
 
+def cache_load_factor(shards: Sequence[Shard]) -> float | None:
+    """The cache load factor of a TBE holding ``shards``: the rows-weighted mean over its
+    fused_uvm_caching shards, as TorchRec's ``group_tables`` sets it; None without any."""
+    cached = [s for s in shards if s.table.kernel is ComputeKernel.FUSED_UVM_CACHING]
+    if not cached:
+        return None
+    return sum(s.table.cache_load_factor * s.num_rows for s in cached) / sum(s.num_rows for s in cached)
+
+
 def build_kernel(
     shards: Sequence[Shard], device: torch.device, precision: str = "fp32", pooled: bool = True
 ) -> SplitTableBatchedEmbeddingBagsCodegen:
     """One fused TBE (EXACT_SGD) with a table per shard (rows x width): pooled bags (sum,
     as an EmbeddingBagCollection runs) or unpooled sequences (as an EmbeddingCollection
-    runs; every shard then has one width, as TorchRec groups sequence tables by dim)."""
+    runs; every shard then has one width, as TorchRec groups sequence tables by dim). On a
+    GPU each shard sits where its table's kernel keeps it (``GPU_LOCATIONS``)."""
+    factor = cache_load_factor(shards)
     if device.type == "cuda":
-        location, compute = EmbeddingLocation.DEVICE, ComputeDevice.CUDA
+        locations, compute = [GPU_LOCATIONS[s.table.kernel] for s in shards], ComputeDevice.CUDA
     else:
-        location, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+        uvm = sorted({s.table.name for s in shards if s.table.kernel is not ComputeKernel.FUSED})
+        if uvm:
+            raise ValueError(f"tables {uvm} are on UVM kernels, which need a GPU; measure them on a cuda device")
+        locations, compute = [EmbeddingLocation.HOST] * len(shards), ComputeDevice.CPU
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: choose one of {sorted(PRECISIONS)}")
     if not pooled and len({s.width for s in shards}) > 1:
         raise ValueError(f"an unpooled kernel needs one width, got {sorted({s.width for s in shards})}")
     return SplitTableBatchedEmbeddingBagsCodegen(
-        embedding_specs=[(s.num_rows, s.width, location, compute) for s in shards],
+        embedding_specs=[(s.num_rows, s.width, loc, compute) for s, loc in zip(shards, locations)],
+        **({"cache_load_factor": factor} if factor is not None else {}),
         optimizer=EmbOptimType.EXACT_SGD,
         learning_rate=0.01,
         weights_precision=PRECISIONS[precision],
@@ -135,7 +162,7 @@ def concat_lookups(per_shard: Sequence[Lookups], device: torch.device) -> Lookup
 
 def measure_compute(
     shards: Sequence[Shard],
-    lookups: Mapping[str, Lookups],
+    lookups: Mapping[str, Lookups] | Draws,
     device: torch.device,
     warmup: int = 5,
     repeats: int = 10,
@@ -147,7 +174,8 @@ def measure_compute(
 
     Args:
         shards: the device's column shards; a table's shard reads all its rows.
-        lookups: each table's bags for one batch, by table name (its shards share them).
+        lookups: each table's bags for one batch, by table name (its shards share them);
+            or several batches (``Draws``), run in turn: a cache then meets new batches.
         warmup, repeats: untimed then timed iterations; medians are reported.
         num_threads: torch intra-op threads on CPU (ignored on GPU).
         precision, pooled: the kernel's weight dtype and pooling (see ``build_kernel``).
@@ -157,12 +185,17 @@ def measure_compute(
         return ComputeMeasurement(zero, zero)
     with cpu_threads(num_threads if device.type == "cpu" else None):
         kernel = build_kernel(shards, device, precision, pooled)
-        indices, offsets = concat_lookups([lookups[s.table.name] for s in shards], device)
-        # pooled: [batch, sum of widths]; unpooled: [lookups, width] (one width, see build_kernel)
-        rows, cols = ((offsets.numel() - 1) // len(shards), sum(s.width for s in shards)) if pooled else (indices.numel(), shards[0].width)
-        grad = torch.ones(rows, cols, device=device)
-        # the fused kernel updates its weights in backward
-        measured = time_forward_backward(lambda: kernel(indices, offsets), lambda out: out.backward(grad), device, warmup, repeats)
+        draws = [lookups] if isinstance(lookups, Mapping) else list(lookups)
+        batches = itertools.cycle([concat_lookups([d[s.table.name] for s in shards], device) for d in draws])
+        grads: dict[torch.Size, torch.Tensor] = {}  # made once per output shape, outside the timed region after warm-up
+
+        def backward(out: torch.Tensor) -> None:
+            # pooled out: [batch, sum of widths]; unpooled: [lookups, width] (one width, see build_kernel)
+            if out.shape not in grads:
+                grads[out.shape] = torch.ones_like(out)
+            out.backward(grads[out.shape])  # the fused kernel updates its weights in backward
+
+        measured = time_forward_backward(lambda: kernel(*next(batches)), backward, device, warmup, repeats)
     return measured
 
 

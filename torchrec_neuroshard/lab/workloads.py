@@ -131,14 +131,16 @@ def sample_lookups(
     active_ratio: float,
     batch_size: int,
     seed: int,
+    draw: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch of bags for a table: (indices int64 [N], offsets int64 [batch_size + 1]).
 
     Bag lengths are Poisson(pooling_factor); ids follow the power law over the active ranks
     (see ``expected_access_histogram``), and ranks map to rows by a fixed affine permutation
-    so hot rows are scattered over the table.
+    (``seed``'s) so hot rows are scattered over the table. ``draw`` > 0: another batch of the
+    same table (the same hot rows, other draws), as successive training steps see it.
     """
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed if draw == 0 else [seed, draw])
     lengths = rng.poisson(pooling_factor, batch_size)
     n = int(lengths.sum())
     active = active_rows(rows, pooling_factor * batch_size, active_ratio)
@@ -176,7 +178,7 @@ def table_spec(table: PoolTable, dim: int, scale: WorkloadScale, name: str | Non
     )
 
 
-def lookups_for(spec: TableSpec, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def lookups_for(spec: TableSpec, batch_size: int, seed: int, draw: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Synthetic bags reproducing ``spec``'s pooling factor and access histogram.
 
     The access model (power law over the active rows) is fitted to the spec's histogram, so this also serves tables
@@ -184,7 +186,7 @@ def lookups_for(spec: TableSpec, batch_size: int, seed: int) -> tuple[torch.Tens
     """
     lookups = spec.pooling_factor * batch_size
     alpha, ratio = fit_access_model(spec.rows, lookups, spec.access_hist)
-    return sample_lookups(spec.rows, spec.pooling_factor, alpha, ratio, batch_size, seed)
+    return sample_lookups(spec.rows, spec.pooling_factor, alpha, ratio, batch_size, seed, draw)
 
 
 def generate_task(
