@@ -15,10 +15,11 @@ from torchrec_neuroshard.kernels import ComputeKernel
 from torchrec_neuroshard.offload import KernelOption, choose_kernels, kernel_options, ladder
 from torchrec_neuroshard.tables import ModuleTable
 from torchrec_neuroshard.types import InfeasibleError, Plan, Shard, ShardingError, ShardingKind, TablePlacement, TableSpec, Task
-from torchrec_neuroshard.uvmcost import UvmPricedModel, cached_share, penalty_ms, unique_rows
+from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing, cached_share, unique_rows
 
 UVM, CACHING, FUSED = ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING, ComputeKernel.FUSED
 PCIE = 32 * 1024**3 / 1000  # TorchRec's HBM_TO_DDR_MEM_BW, bytes per ms
+STAND_IN = UvmPricing.stand_in(PCIE)
 
 
 def _hist(singletons: float) -> tuple[float, ...]:
@@ -123,7 +124,7 @@ def test_stand_in_price_follows_cache_size_and_access() -> None:
     penalties = []
     for kernel, factor in [(FUSED, None), (CACHING, 0.5), (CACHING, 0.1), (CACHING, 0.01), (UVM, None)]:
         shard = Shard(replace(table, kernel=kernel, cache_load_factor=factor), 64)
-        penalties.append(float(penalty_ms([shard], batch, PCIE).sum()))
+        penalties.append(float(STAND_IN.penalty_ms([shard], batch).sum()))
     assert penalties[0] == 0 and penalties == sorted(penalties) and penalties[-1] > penalties[-2]
     # unique rows from the histogram: half seen once, half in (4, 8] (counted 6) -> lookups / 3.5
     assert unique_rows(table, batch) == pytest.approx(10 * batch / 3.5)
@@ -135,18 +136,18 @@ def test_stand_in_price_follows_cache_size_and_access() -> None:
     # a column shard moves its share of the bytes; the priced model adds the penalty to the base
     shard = Shard(replace(table, kernel=UVM), 64)
     half = Shard(replace(table, kernel=UVM), 32)
-    np.testing.assert_allclose(penalty_ms([half], batch, PCIE), penalty_ms([shard], batch, PCIE) / 2)
+    np.testing.assert_allclose(STAND_IN.penalty_ms([half], batch), STAND_IN.penalty_ms([shard], batch) / 2)
 
 
 def test_priced_model_adds_penalties_to_the_base_model() -> None:
     from torchrec_neuroshard.costmodel import load_pretrained
 
     base = load_pretrained("h200").with_batch_size(65_536)
-    priced = UvmPricedModel(base, PCIE, 65_536)
+    priced = UvmPricedModel(base, STAND_IN, 65_536)
     fused = [[Shard(_table("a"), 64)], [Shard(_table("b", pf=3.0), 32), Shard(_table("c"), 64)]]
     np.testing.assert_allclose(priced.compute_cost(fused), base.compute_cost(fused), rtol=1e-6)
     host = [[Shard(replace(_table("a"), kernel=UVM), 64)]]
-    extra = penalty_ms(host[0], 65_536, PCIE)[0]
+    extra = STAND_IN.penalty_ms(host[0], 65_536)[0]
     np.testing.assert_allclose(np.subtract(priced.compute_cost(host), base.compute_cost(fused[:1])), [extra], rtol=1e-4)
 
 
@@ -157,7 +158,7 @@ def test_the_greedy_sends_cold_tables_to_host_memory_first() -> None:
         return ModuleTable("", spec, frozenset({ShardingKind.TABLE_WISE}), 64, frozenset(ComputeKernel))
 
     hot, cold = _table("hot", pf=40.0, singletons=0.9), _table("cold", pf=0.5, singletons=0.9)
-    ladders = {t.name: ladder(kernel_options(module_table(t), 65_536, 8, PCIE)) for t in (hot, cold)}
+    ladders = {t.name: ladder(kernel_options(module_table(t), 65_536, 8, STAND_IN)) for t in (hot, cold)}
     fused = {n: rungs[0] for n, rungs in ladders.items()}
     assert all(o.kernel is FUSED and o.host == 0 for o in fused.values())
     half = choose_kernels(ladders, fused["hot"].hbm + 0.5 * fused["cold"].hbm, 10**12)

@@ -1,48 +1,50 @@
-"""The analytic STAND-IN price of the UVM kernels, until they are measured.
+"""The price of the UVM kernels: what a shard adds to its fused kernel's cost when its
+table lives in host memory (fused_uvm) or behind an HBM cache (fused_uvm_caching).
 
 The neural cost model learned the fused kernel in HBM. A shard on a UVM kernel costs that
-(its lookups, pooling and update are the same kernel's work) plus the bytes it moves
-between host memory and the GPU over UVM each step, at TorchRec's convention for UVM
-bandwidth: the topology's ``hbm_to_ddr_mem_bw`` divided by 10 (``kernel_bw_lookup`` prices
-fused_uvm at ``hbm_to_ddr_mem_bw / 10``; random row gathers use a tenth of the link).
+(its lookups, pooling and update are the same kernel's work) plus a penalty linear in four
+quantities of one step (``features``): its lookups' bytes, its lookups, its unique rows'
+bytes and the bytes of the unique rows its cache misses. A shard of ``width`` columns whose
+kernel sees L = pooling x batch lookups of U unique rows (from the access histogram: U = L /
+the mean accesses of a unique row, each bin at a representative count, ``BIN_COUNTS``):
 
-Bytes per step of a shard of ``width`` columns whose kernel sees L = pooling x batch
-lookups of U unique rows (from the access histogram: U = L / the mean accesses of a
-unique row, each bin at a representative count, ``BIN_COUNTS``):
-
-- fused_uvm: forward reads every lookup's row over UVM (L rows); backward reads and
-  writes each unique row once for the update (2 U rows);
-- fused_uvm_caching: the HBM cache (``cache_load_factor`` x rows slots) holds the hottest
-  rows: rows accessed twice or more in a batch fill it from the most accessed down, and
-  its room beyond them holds rows seen once in a batch at random (a share room / the
-  rows not hot). Each unique row missed is fetched forward and written back backward
-  when evicted (M rows each way);
+- fused_uvm reads every lookup's row over UVM forward, and each unique row's update goes
+  back to host memory backward;
+- fused_uvm_caching looks every lookup up in the cache; the cache (``cache_load_factor`` x
+  rows slots) holds the hottest rows: rows accessed twice or more in a batch fill it from
+  the most accessed down, and its room beyond them holds rows seen once at random (a share
+  room / the rows not hot). M unique rows missed are fetched forward and written back;
 - fused: nothing.
 
-It is a stand-in: the hit rate of a real LRU/LFU cache across batches, prefetching and
-the link's sharing with the NIC are not modelled. The planner says so in its log when a
-plan holds UVM kernels; the step it predicts for them is labelled a prediction.
+``UvmPricing`` holds the ms per unit of each quantity, per kernel and phase. The shipped
+pricing (``pretrained/uvm.json``, ``UvmPricing.shipped``) is FITTED to fused_uvm and
+fused_uvm_caching kernels measured on a GPU against the same shards in HBM
+(``lab.fit_uvm`` on ``lab.measure_uvm``'s samples; its file names the GPU, the samples and
+the held-out error). ``UvmPricing.stand_in`` is the analytic price used before that
+measurement (TorchRec's convention: bytes at ``hbm_to_ddr_mem_bw / 10``), kept to compare.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.kernels import ComputeKernel
+from torchrec_neuroshard.kernels import UVM_KERNELS, ComputeKernel
 from torchrec_neuroshard.types import NUM_ACCESS_BINS, CostModel, Shard, TableSpec
 
+SHIPPED = Path(__file__).parent / "pretrained" / "uvm.json"
+FEATURES = ("lookup_gb", "lookups_m", "unique_gb", "missed_gb")
+"""A shard's quantities of one step: GB its lookups read, millions of lookups, GB of its
+unique rows, GB of the unique rows its cache misses."""
 UVM_EFFICIENCY = 0.1
-"""Share of ``hbm_to_ddr_mem_bw`` random row gathers over UVM reach (TorchRec's ``/ 10``)."""
+"""The stand-in's share of ``hbm_to_ddr_mem_bw`` random row gathers over UVM reach (TorchRec's ``/ 10``)."""
 BIN_COUNTS = np.asarray([1.0, 2.0] + [1.5 * 2.0**j for j in range(1, NUM_ACCESS_BINS - 2)] + [1.5 * 2.0**15])
 """A representative access count of each access-histogram bin: 1, 2, then the middle of
 (2^j, 2^(j+1)], and 1.5 x 32768 for the open last bin. [17]"""
-STAND_IN_NOTE = (
-    "UVM kernels (fused_uvm, fused_uvm_caching) are priced by an analytic STAND-IN, not a measurement: "
-    "the fused kernel's predicted cost plus the rows missed in HBM moved at hbm_to_ddr_mem_bw / 10 "
-    "(uvmcost module docstring); measure them on a GPU before trusting those predictions"
-)
 
 
 def unique_rows(table: TableSpec, batch_size: int) -> float:
@@ -70,41 +72,77 @@ def cached_share(table: TableSpec, batch_size: int, load_factor: float) -> float
     return min(1.0, cached / unique)
 
 
-def host_bytes(shard: Shard, batch_size: int) -> tuple[float, float]:
-    """(forward, backward) bytes ``shard`` moves over UVM in one step at ``batch_size``
-    (the batch its kernel sees), on its table's kernel."""
+def features(shard: Shard, batch_size: int) -> np.ndarray:
+    """``FEATURES`` of ``shard`` at ``batch_size`` (the batch its kernel sees), [4]."""
     table = shard.table
-    if table.kernel is ComputeKernel.FUSED:
-        return 0.0, 0.0
-    row_bytes = shard.width * table.bytes_per_element
+    row_gb = shard.width * table.bytes_per_element / 1e9
+    lookups = table.pooling_factor * batch_size
     unique = unique_rows(table, batch_size)
-    if table.kernel is ComputeKernel.FUSED_UVM:
-        return table.pooling_factor * batch_size * row_bytes, 2 * unique * row_bytes
-    missed = unique * (1.0 - cached_share(table, batch_size, table.cache_load_factor))
-    return missed * row_bytes, missed * row_bytes
+    missed = unique * (1.0 - cached_share(table, batch_size, table.cache_load_factor)) if table.kernel.cached else 0.0
+    return np.asarray([lookups * row_gb, lookups / 1e6, unique * row_gb, missed * row_gb])
 
 
-def penalty_ms(shards: Sequence[Shard], batch_size: int, hbm_to_ddr_bytes_per_ms: float) -> np.ndarray:
-    """(forward, backward) ms each shard's UVM traffic adds, [N, 2]."""
-    rate = hbm_to_ddr_bytes_per_ms * UVM_EFFICIENCY
-    return np.asarray([host_bytes(s, batch_size) for s in shards], dtype=np.float64).reshape(-1, 2) / rate
+@dataclass(frozen=True)
+class UvmPricing:
+    """ms per unit of each of ``FEATURES``, forward and backward, per UVM kernel (by value):
+    ``coefficients[kernel] = (forward [4], backward [4])``; ``source`` says where they come from."""
+
+    coefficients: Mapping[str, tuple[tuple[float, ...], tuple[float, ...]]]
+    source: str
+
+    def __post_init__(self) -> None:
+        for kernel in UVM_KERNELS:
+            fwd, bwd = self.coefficients.get(kernel.value, ((), ()))
+            if len(fwd) != len(FEATURES) or len(bwd) != len(FEATURES):
+                raise ValueError(f"UVM pricing needs {len(FEATURES)} forward and backward coefficients for {kernel.value}, got {fwd!r} {bwd!r}")
+
+    def penalty_ms(self, shards: Sequence[Shard], batch_size: int) -> np.ndarray:
+        """(forward, backward) ms each shard's kernel adds to the fused one, [N, 2]."""
+        out = np.zeros((len(shards), 2))
+        for i, shard in enumerate(shards):
+            if shard.table.kernel is not ComputeKernel.FUSED:
+                fwd, bwd = self.coefficients[shard.table.kernel.value]
+                x = features(shard, batch_size)  # [4]
+                out[i] = (float(np.dot(fwd, x)), float(np.dot(bwd, x)))
+        return out
+
+    @staticmethod
+    def stand_in(hbm_to_ddr_bytes_per_ms: float) -> "UvmPricing":
+        """The analytic stand-in: fused_uvm reads its lookups' rows forward and reads and
+        writes its unique rows backward, fused_uvm_caching fetches and writes back its
+        missed rows, all at ``hbm_to_ddr_mem_bw / 10``; the cache lookups are free."""
+        if not hbm_to_ddr_bytes_per_ms > 0:
+            raise ValueError(f"hbm_to_ddr_bytes_per_ms must be positive, got {hbm_to_ddr_bytes_per_ms!r}")
+        per_gb = 1e9 / (hbm_to_ddr_bytes_per_ms * UVM_EFFICIENCY)
+        return UvmPricing(
+            {
+                ComputeKernel.FUSED_UVM.value: ((per_gb, 0, 0, 0), (0, 0, 2 * per_gb, 0)),
+                ComputeKernel.FUSED_UVM_CACHING.value: ((0, 0, 0, per_gb), (0, 0, 0, per_gb)),
+            },
+            f"analytic stand-in: bytes at hbm_to_ddr_mem_bw / 10 ({hbm_to_ddr_bytes_per_ms * UVM_EFFICIENCY / 1e6:.2f} GB/s)",
+        )
+
+    @staticmethod
+    def shipped(path: Path = SHIPPED) -> "UvmPricing":
+        """The pricing fitted to UVM kernels measured on a GPU (``lab.fit_uvm``)."""
+        d = json.loads(path.read_text())
+        coefficients = {k: (tuple(v["forward"]), tuple(v["backward"])) for k, v in d["coefficients"].items()}
+        return UvmPricing(coefficients, d["source"])
 
 
 class UvmPricedModel(CostModel):
-    """``base`` (the neural model of the fused kernel) with each shard's UVM stand-in
-    penalty carried as two extra embedding columns (forward, backward ms): penalties add
+    """``base`` (the neural model of the fused kernel) with each shard's UVM penalty
+    (``pricing``) carried as two extra embedding columns (forward, backward ms): penalties add
     over a device's shards, so the search prices a device as before, with one vector add."""
 
-    def __init__(self, base: CostModel, hbm_to_ddr_bytes_per_ms: float, batch_size: int) -> None:
-        if not hbm_to_ddr_bytes_per_ms > 0:
-            raise ValueError(f"hbm_to_ddr_bytes_per_ms must be positive, got {hbm_to_ddr_bytes_per_ms!r}")
+    def __init__(self, base: CostModel, pricing: UvmPricing, batch_size: int) -> None:
         self.base = base
-        self.bandwidth = float(hbm_to_ddr_bytes_per_ms)
+        self.pricing = pricing
         self.batch_size = int(batch_size)
 
     def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
         emb = self.base.embed_shards(shards)  # [N, E]
-        extra = penalty_ms(shards, self.batch_size, self.bandwidth).astype(emb.dtype)  # [N, 2]
+        extra = self.pricing.penalty_ms(shards, self.batch_size).astype(emb.dtype)  # [N, 2]
         return np.concatenate([emb, extra], axis=1)  # [N, E + 2]
 
     def device_cost(self, pooled: np.ndarray) -> np.ndarray:
@@ -114,7 +152,7 @@ class UvmPricedModel(CostModel):
         return self.base.comm_cost_array(dims, skews_ms)
 
     def with_batch_size(self, batch_size: int) -> "UvmPricedModel":
-        return UvmPricedModel(self.base.with_batch_size(batch_size), self.bandwidth, batch_size)
+        return UvmPricedModel(self.base.with_batch_size(batch_size), self.pricing, batch_size)
 
     @property
     def step_parts(self):  # noqa: ANN201 - the base's
