@@ -4,7 +4,7 @@ fit the GPUs' HBM (a cuda topology with ``ddr_cap``: TorchRec's UVM kernels).
 Per table, a ladder of kernels (``kernel_options``): fused (all in HBM), fused_uvm_caching
 at each of ``LOAD_FACTORS`` (or the load factor its constraints fix), fused_uvm (only the
 kernel's buffers in HBM); each point with its HBM and host bytes as TorchRec counts them
-for the whole table and its UVM penalty (``uvmcost``, the stand-in price). The choice is
+for the whole table and its UVM penalty (``uvmcost``, the shipped measured pricing). The choice is
 a greedy by cost per byte: every table starts at its cheapest kernel, and the step down a
 ladder that adds the least penalty per HBM byte it frees is taken until the tables' HBM
 fits the budget (a share of all ranks' HBM, ``HBM_SHARES``) with their host bytes within
@@ -31,8 +31,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from torchrec_neuroshard.kernels import ComputeKernel
 from torchrec_neuroshard.tables import ModuleTable
+from torchrec_neuroshard.triage import row_split
 from torchrec_neuroshard.types import InfeasibleError, Plan, Shard, ShardingKind, TablePlacement, TableSpec
-from torchrec_neuroshard.uvmcost import penalty_ms
+from torchrec_neuroshard.uvmcost import UvmPricing
 
 LOAD_FACTORS = (0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01)
 """The cache sizes (shares of a table's rows) the greedy tries for fused_uvm_caching."""
@@ -76,7 +77,7 @@ def offloadable(table: ModuleTable) -> bool:
 
 
 def kernel_options(
-    table: ModuleTable, batch_size: int, world_size: int, bandwidth: float, hbm_cap: int | None = None
+    table: ModuleTable, batch_size: int, world_size: int, pricing: UvmPricing, hbm_cap: int | None = None, local_world_size: int | None = None
 ) -> list[KernelOption]:
     """Every kernel ``table`` may run (only fused unless ``offloadable``), each load factor
     of fused_uvm_caching, with its bytes and penalty. A table larger than one rank's HBM
@@ -93,10 +94,10 @@ def kernel_options(
             on_kernel = replace(spec, kernel=kernel, cache_load_factor=factor)
             shard = Shard(on_kernel, spec.dim)
             hbm, host = shard.storage(ShardingKind.TABLE_WISE, batch_size, world_size)
-            if hbm_cap is not None and hbm > hbm_cap and ShardingKind.ROW_WISE in table.allowed:
-                blocks = Plan((TablePlacement.row_blocks(on_kernel, range(world_size)),), world_size)
-                hbm = sum(blocks.device_memory([on_kernel], batch_size))
-            penalty = float(penalty_ms([shard], batch_size, bandwidth).sum())
+            if hbm_cap is not None and hbm > hbm_cap and table.allowed & {ShardingKind.ROW_WISE, ShardingKind.TABLE_ROW_WISE}:
+                split = row_split(replace(table, spec=on_kernel), world_size, local_world_size or world_size, batch_size)[2]
+                hbm = sum(Plan((split,), world_size).device_memory([on_kernel], batch_size))
+            penalty = float(pricing.penalty_ms([shard], batch_size).sum())
             options.append(KernelOption(kernel, factor, hbm, host, penalty))
     return options
 
@@ -168,8 +169,9 @@ def attempts(
     hbm_cap: int,
     host_cap: int | None,
     batch_size: int,
-    bandwidth: float,
+    pricing: UvmPricing,
     price: Price,
+    local_world_size: int | None = None,
 ) -> Iterator[Offload]:
     """What the planner tries in turn (see the module docstring): when the tables fit all
     ranks' HBM on their cheapest kernels, those (no offload at all unless constraints
@@ -179,7 +181,7 @@ def attempts(
     if host_cap is None:
         yield Offload()
         return
-    ladders = {t.spec.name: ladder(kernel_options(t, batch_size, world, bandwidth, hbm_cap)) for t in tables}
+    ladders = {t.spec.name: ladder(kernel_options(t, batch_size, world, pricing, hbm_cap, local_world_size)) for t in tables}
     cheapest = sum(rungs[0].hbm for rungs in ladders.values())
     by_name = {t.spec.name: t for t in tables}
     seen: list[dict[str, KernelOption]] = []
@@ -215,7 +217,7 @@ def _reason(option: KernelOption, share: float) -> str:
     fit = "its constraints allow it no kernel in HBM" if math.isinf(share) else f"the tables fit {share:.0%} of the ranks' HBM with it in host memory"
     return (
         f"{what}: {fit}, "
-        f"at a stand-in UVM penalty of {option.penalty_ms:.3g} ms per step"
+        f"at a predicted UVM penalty of {option.penalty_ms:.3g} ms per step"
     )
 
 

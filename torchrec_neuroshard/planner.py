@@ -298,14 +298,17 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         hosts = links.local_world_size < task.num_devices
         choices = {
             t.spec.name: TableChoices.of(
-                (t.allowed if t.pooled else t.allowed & COLUMN_KINDS) - ({ShardingKind.TABLE_COLUMN_WISE} if hosts else set()),
+                (t.allowed if t.pooled else t.allowed & COLUMN_KINDS)
+                - ({ShardingKind.TABLE_COLUMN_WISE} if hosts else set())
+                - ({ShardingKind.DATA_PARALLEL} if t.spec.kernel.in_host_memory else set()),  # a replica runs in HBM
                 t.spec.dim,
                 t.min_width,
             )
             for t in decided.searched
         }
         model = self._cost_model()
-        self._model = self._priced_model() if any(p.kernel.in_host_memory for p in decided.decided) else model
+        offloaded = any(p.kernel.in_host_memory for p in decided.decided) or any(t.kernel.in_host_memory for t in task.tables)
+        self._model = self._priced_model() if offloaded else model
         config = self.search_config
         if self.timeout_seconds is not None:
             config = replace(config, deadline=start + self.timeout_seconds)

@@ -8,14 +8,15 @@ table to host memory, and is taken as it comes."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Sequence
 
 from torchrec_neuroshard.offload import Offload, attempts
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.tables import ModuleTable
 from torchrec_neuroshard.triage import Triage, triage
-from torchrec_neuroshard.types import InfeasibleError, Links, Plan, Shard, TableSpec, Task
-from torchrec_neuroshard.uvmcost import STAND_IN_NOTE, UvmPricedModel
+from torchrec_neuroshard.types import InfeasibleError, Links, Plan, Shard, ShardingKind, TableSpec, Task
+from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
 logger = logging.getLogger("torchrec_neuroshard.planner")
 
@@ -32,7 +33,7 @@ class MemoryPlanning:
         HBM per rank (and the topology's host memory on a GPU), or the last error."""
         host_cap, topo, batch = self._host_memory_cap(), self.topology, self._global_batch()
         error, most, best, planned = None, 0, None, 0
-        for attempt in attempts(tables, topo.world_size, cap, host_cap, batch, topo.hbm_to_ddr_mem_bw, self._price):
+        for attempt in attempts(tables, topo.world_size, cap, host_cap, batch, UvmPricing.shipped(), self._price, topo.local_world_size):
             try:
                 cost = self._plan_tables(tables, attempt, cap, host_cap, start)
             except InfeasibleError as e:  # a larger share of the tables in host memory may fit
@@ -50,19 +51,25 @@ class MemoryPlanning:
             raise error or InfeasibleError("no plan: the offload stage found no split of the tables between HBM and host memory")
         _, self.plan_, self.search_result_, self.task_, decided = best
         if self.plan_.offloaded():
-            logger.warning("%s", STAND_IN_NOTE)
+            logger.info("UVM kernels priced by the shipped UVM pricing, %s", UvmPricing.shipped().source)
         if self.search_result_ is not None:
             self._log_table(tables, decided, cap)
 
     def _plan_tables(self, tables: Sequence[ModuleTable], attempt: Offload, cap: int, host_cap: int | None, start: float) -> float:
         """``plan_`` (and ``search_result_``, ``task_``) of ``tables`` with ``attempt``'s in
-        host memory, the rest triaged and searched in the HBM those leave; its predicted ms."""
+        host memory, the rest triaged and searched in the HBM those leave; its predicted ms.
+        The offloaded tables the attempt placed whole are searched too, on their kernels (the
+        search may split their columns and balances them with the rest); only those it
+        split by rows stay as placed."""
         world, batch = self.topology.world_size, self._global_batch()
-        sent = {p.table for p in attempt.placements}
-        used = Plan(attempt.placements, world).device_memory([t.spec for t in tables if t.spec.name in sent], batch)
+        whole = {p.table: p for p in attempt.placements if p.kind is ShardingKind.TABLE_WISE}
+        fixed = tuple(p for p in attempt.placements if p.table not in whole)
+        tables = [replace(t, spec=whole[t.spec.name].spec_of(t.spec)) if t.spec.name in whole else t for t in tables]
+        sent = {p.table for p in fixed}
+        used = Plan(fixed, world).device_memory([t.spec for t in tables if t.spec.name in sent], batch)
         kept = [t for t in tables if t.spec.name not in sent]
         decided = triage(kept, world, self.topology.local_world_size, cap - max(used, default=0), batch)
-        decided = self._decided = Triage(decided.searched, decided.decided + attempt.placements, decided.reasons + attempt.reasons)
+        decided = self._decided = Triage(decided.searched, decided.decided + fixed, decided.reasons + attempt.reasons)
         for name, why in decided.reasons:
             logger.info("table %s: %s (TorchRec's sharding, priced in the whole step)", name, why)
         specs = sorted((t.spec for t in tables), key=lambda s: s.name)
@@ -72,14 +79,15 @@ class MemoryPlanning:
             modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
             self.search_result_ = self._search(decided, specs, modules, cap, start, host_cap)
             self.plan_ = self.search_result_.plan
+            self.plan_.validate(self.task_)  # the search counts HBM; host memory is checked here
             return self.search_result_.predicted_cost_ms
         task = Task(tuple(specs), world, cap, batch, (), Links.of(self.topology), host_cap)
         self.plan_.validate(task)  # every table decided before the search: none checked the memory
-        return predict_step(self._priced_model().with_batch_size(batch), task, self.plan_).cost_ms if sent else 0.0
+        return predict_step(self._priced_model().with_batch_size(batch), task, self.plan_).cost_ms if attempt.placements else 0.0
 
     def _priced_model(self) -> UvmPricedModel:
-        """The cost model with the UVM kernels' stand-in penalties, at the global batch."""
-        return UvmPricedModel(self._cost_model(), self.topology.hbm_to_ddr_mem_bw, self._global_batch())
+        """The cost model with the UVM kernels' penalties (``UvmPricing.shipped``), at the global batch."""
+        return UvmPricedModel(self._cost_model(), UvmPricing.shipped(), self._global_batch())
 
     def _price(self, specs: Sequence[TableSpec]) -> list[float]:
         """Predicted ms of each table alone, table-wise on its kernel (``offload.Price``)."""

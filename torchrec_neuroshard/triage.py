@@ -50,10 +50,7 @@ def triage(
         if fits and t.allowed & COLUMN_KINDS:
             searched.append(t)
         elif t.allowed & ROW_KINDS:
-            kind = ShardingKind.ROW_WISE if ShardingKind.ROW_WISE in t.allowed else ShardingKind.TABLE_ROW_WISE
-            ranks = world_size if kind is ShardingKind.ROW_WISE else min(local_world_size, world_size)
-            placement = TablePlacement.row_blocks(spec, range(ranks), kind)
-            block = max(Plan((placement,), world_size).device_memory([spec], batch_size))
+            kind, ranks, placement, block = row_split(t, world_size, local_world_size, batch_size)
             if block > cap_bytes:
                 raise InfeasibleError(
                     f"table {spec.name!r} ({memory:,} bytes) does not fit even {kind.value} "
@@ -82,6 +79,15 @@ def triage(
             f"all taken by replicated or row-wise tables ({fixed_memory:,} bytes on the fullest rank)"
         )
     return Triage(tuple(searched), tuple(decided), tuple(reasons))
+
+
+def row_split(table: ModuleTable, world_size: int, local_world_size: int, batch_size: int) -> tuple[ShardingKind, int, TablePlacement, int]:
+    """(kind, ranks, placement, fullest block's bytes) of a row split: row_wise over every
+    rank where allowed, else table_row_wise over one host's ranks."""
+    kind = ShardingKind.ROW_WISE if ShardingKind.ROW_WISE in table.allowed else ShardingKind.TABLE_ROW_WISE
+    ranks = world_size if kind is ShardingKind.ROW_WISE else min(local_world_size, world_size)
+    placement = TablePlacement.row_blocks(table.spec, range(ranks), kind)
+    return kind, ranks, placement, max(Plan((placement,), world_size).device_memory([table.spec], batch_size))
 
 
 def _spread_over_hosts(

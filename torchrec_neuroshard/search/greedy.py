@@ -352,7 +352,8 @@ def plan_of(task: Task, keys: Keys, runs: Runs, r: int) -> Plan:
 
 
 def plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan:
-    """Plan from (table index, width, device) triples; a table's shards narrowest first.
+    """Plan from (table index, width, device) triples; a table's shards narrowest first,
+    each table on its spec's compute kernel.
 
     Column order matters to DMP: with a rank holding a wider shard of a table before a
     narrower one (e.g. widths 64, 32, 32 on ranks 0, 1, 0), the 2-EBC dmp_step model's
@@ -366,5 +367,6 @@ def plan_from_shards(task: Task, shards: Sequence[tuple[int, int, int]]) -> Plan
         if t not in per_table:  # left out of the state: the caller places it
             continue
         ordered = sorted(per_table[t])
-        placements.append(TablePlacement(table.name, tuple(w for w, _ in ordered), tuple(d for _, d in ordered)))
+        widths, devices = tuple(w for w, _ in ordered), tuple(d for _, d in ordered)
+        placements.append(TablePlacement(table.name, widths, devices, kernel=table.kernel, cache_load_factor=table.cache_load_factor))
     return Plan(tuple(placements), task.num_devices)

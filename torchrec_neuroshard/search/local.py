@@ -101,7 +101,9 @@ def local_improve(
             break
         now = _Devices.of(model, keys, key_of, dev, fixed_ms)
         worst = int(now.per_dev.argmax())
-        cheap = np.asarray([d for d in np.argsort(now.per_dev) if d != worst][:partners])
+        cheap = np.asarray([d for d in np.argsort(now.per_dev) if d != worst][:partners], dtype=np.int64)
+        if not len(cheap):  # one device: nowhere to move to
+            break
         cand = _candidates(dev, keys.size[key_of], now.mem, worst, cheap, cap)  # [n, 3]
         if not len(cand):
             break
