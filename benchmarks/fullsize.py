@@ -44,7 +44,7 @@ from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, WorkloadScale, ge
 from torchrec_neuroshard.search import predicted_breakdown, search
 from torchrec_neuroshard.sharding import from_torchrec
 from torchrec_neuroshard.types import Plan, Task
-from torchrec_neuroshard.uvmcost import UvmPricedModel
+from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
 HERE = Path(__file__).parent
 GPUS_PER_HOST = 8
@@ -89,7 +89,7 @@ def plan_with(name: str, task: Task, model, torchrec_timeout: int, device_type: 
 def as_planned(task, model, plan, topology):
     """The task and model a plan is checked and priced in: a plan with tables on UVM
     kernels (TorchRec's, on its topology's default host memory) in that host memory, priced
-    with the UVM stand-in (``uvmcost``); any other as it is."""
+    with the shipped UVM pricing (``uvmcost``); any other as it is."""
     if not plan.offloaded():
         return task, model
     placed = {p.table: p for p in plan.placements}
@@ -97,7 +97,7 @@ def as_planned(task, model, plan, topology):
         dataclasses.replace(t, kernel=placed[t.name].kernel, cache_load_factor=placed[t.name].cache_load_factor) for t in task.tables
     )  # each table priced on its placement's kernel
     task = dataclasses.replace(task, tables=tables, host_memory_cap_bytes=int(topology.devices[0].storage.ddr))
-    return task, UvmPricedModel(model, topology.hbm_to_ddr_mem_bw, task.batch_size)
+    return task, UvmPricedModel(model, UvmPricing.shipped(), task.batch_size)
 
 
 def run_one(num_devices: int, hbm_bytes: int, torchrec_timeout: int, out: Path) -> None:
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     print(report(read_rows(args.out)))
     print(
         "\nNeuroShard and the heuristics run every table on the fused kernel (dense for data-parallel ones). "
-        "predicted_ms prices a table on a UVM kernel with the stand-in (uvmcost; rows written before it "
-        "priced every kernel as fused in HBM, optimistic for a fused_uvm plan)."
+        "predicted_ms prices a table on a UVM kernel with the shipped UVM pricing (uvmcost; rows written before "
+        "2026-11-27 priced it with the analytic stand-in, and rows before that every kernel as fused in HBM)."
     )
 
 

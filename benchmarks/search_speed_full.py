@@ -15,7 +15,7 @@ and the RSS before planning (the interpreter, torch and the task), the code's co
 the plan's step as NeuroShard's own H200 model predicts it (``predicted_ms``: the objective
 our search minimises, so it compares our code before and after, not us with TorchRec; a
 plan with tables on UVM kernels, as TorchRec's may be, is checked in its topology's host
-memory and priced with the UVM stand-in).
+memory and priced with the shipped UVM pricing; rows before 2026-11-27 with the stand-in).
 TorchRec runs as its users run it (``benchmarks.fullsize.plan_with``): its default
 proposers under its own ``timeout_seconds`` and ``DynamicProgrammingProposer``; a failure
 is a row with its error. Re-running resumes: NeuroShard is planned once per commit,

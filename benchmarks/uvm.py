@@ -1,4 +1,4 @@
-"""Models beyond HBM: NeuroShard vs TorchRec with UVM kernels, PREDICTED (no GPU measured).
+"""Models beyond HBM: NeuroShard vs TorchRec with UVM kernels, PREDICTED by both planners' estimators.
 
     python -m benchmarks.uvm
 
@@ -8,18 +8,18 @@ each rank's HBM set to send 10-90% of the tables' bytes (as TorchRec counts them
 to host memory, and host memory of all the bytes per rank. Both planners plan the same
 meta-device model with its pooling factors as constraints and no storage reservation:
 TorchRec's ``EmbeddingShardingPlanner`` (its default proposers, analytic estimators) and
-``NeuroShardPlanner`` (the shipped H200 compute model, alpha-beta comm, the UVM stand-in).
+``NeuroShardPlanner`` (the shipped H200 compute model, alpha-beta comm, the shipped UVM pricing).
 
 Every plan is priced two ways, both PREDICTIONS:
 
 - TorchRec's estimator: its ``EmbeddingPerfEstimator`` on the plan's shards (our plans'
   through ``stats.torchrec_sharding_options``), max over ranks of the summed shard perf,
   as TorchRec's partitioner rates a plan;
-- our model: ``predict_step`` of the neural model with the UVM stand-in
-  (``uvmcost.UvmPricedModel``).
+- our model: ``predict_step`` of the neural model with the shipped UVM pricing, fitted to UVM
+  kernels measured on an H200 (``uvmcost.UvmPricedModel``).
 
-Each is the objective one planner minimised, so neither judges the plans; a GPU
-measurement does. Writes ``results/uvm.jsonl`` and ``results/uvm.md``.
+Each is the objective one planner minimised, so neither judges the plans; the GPU
+measurement of both plans' compute does (``benchmarks.uvm_gpu``). Writes ``results/uvm.jsonl`` and ``results/uvm.md``.
 """
 
 from __future__ import annotations
@@ -39,12 +39,9 @@ TASKS = ((8, 1, 0.5), (8, 4, 0.9), (16, 2, 0.3), (16, 5, 0.7), (64, 3, 0.1))
 NOTE = """The two estimators disagree most on fused_uvm_caching. TorchRec's prices every lookup of
 a cached table at (cache_load_factor x HBM bandwidth + (1 - cache_load_factor) x hbm_to_ddr
 bandwidth) / 10 whatever the table's access skew, so a 1% cache costs it almost what fused_uvm
-costs. Our stand-in fills the cache with the hottest rows of the table's access histogram: the
-synthetic pool's tables touch few distinct rows per batch (their active rows are a small share
-of all rows), so a 1% cache holds nearly all of them and costs almost nothing, and our planner
-sends many tables to small caches where TorchRec keeps them fused, split by rows. Which is right
-is a measurement's to say (issue 27: fused_uvm_caching and fused_uvm timed on a GPU across load
-factor, access skew, table size and width); until then both columns are predictions.
+costs. Ours charges each lookup a measured cache-lookup cost and the rows its cache misses (the
+hottest rows cached, from the table's access histogram) at the measured UVM rate. The GPU decides:
+benchmarks/results/uvm_gpu.md measures both planners' plans of these tasks on an H200.
 """
 
 
@@ -110,12 +107,14 @@ def run_one(devices: int, seed: int, to_host: float, tables: int) -> dict:
     row["neuroshard_s"] = round(time.perf_counter() - t0, 2)
     plans = {"torchrec": from_torchrec(theirs, devices), "neuroshard": planner.plan_}
     ours_model = planner._priced_model()
+    planned = planner.task_ or _task_of(task, topology)
+    row["task"], row["plans"] = json.loads(planned.to_json()), {name: plan.to_dict() for name, plan in plans.items()}
     for name, plan in plans.items():
-        plan.validate(planner.task_ or _task_of(task, topology))
+        plan.validate(planned)
         row[f"{name}_kernels"] = dict(Counter(f"{p.kind.value}/{p.kernel.value}" for p in plan.placements))
         row[f"{name}_host_bytes"] = sum(plan.device_host_memory(task.tables, task.batch_size))
         row[f"{name}_torchrec_ms"] = torchrec_ms(plan, module, topology, constraints, per_rank)
-        row[f"{name}_ours_ms"] = predicted_breakdown(ours_model, planner.task_ or _task_of(task, topology), plan)[0]
+        row[f"{name}_ours_ms"] = predicted_breakdown(ours_model, planned, plan)[0]
     return row
 
 
@@ -132,7 +131,7 @@ def _task_of(task, topology):
 def report(rows: list[dict]) -> str:
     lines = [
         "| D | tables | bytes to host (cap) | host GB TorchRec / ours | planning s TorchRec / ours | TorchRec plan | our plan "
-        "| TorchRec estimator: TorchRec / ours ms | our model + stand-in: TorchRec / ours ms |",
+        "| TorchRec estimator: TorchRec / ours ms | our model + UVM pricing: TorchRec / ours ms |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -153,19 +152,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tables", type=int, default=48, help="tables per task, drawn from the full-size pool")
     p.add_argument("--out", type=Path, default=HERE / "results" / "uvm.jsonl")
     args = p.parse_args(argv)
-    logging.disable(logging.WARNING)  # TorchRec's topology warning and our stand-in note, once per plan
+    logging.disable(logging.WARNING)  # TorchRec's topology warning, once per plan
     rows = []
     for devices, seed, to_host in TASKS:
         rows.append(run_one(devices, seed, to_host, args.tables))
-        print(json.dumps(rows[-1]), flush=True)
+        print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("task", "plans")}), flush=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = (
         "# Models beyond HBM: NeuroShard vs TorchRec with UVM kernels (PREDICTED)\n\n"
-        f"`python -m benchmarks.uvm --tables {args.tables}` ({time.strftime('%Y-%m-%d')}). No GPU was lent: "
-        "every ms below is a PREDICTION, by TorchRec's analytic estimator or by our neural model with the "
-        "UVM stand-in (`torchrec_neuroshard/uvmcost.py`); each is the objective one of the planners "
-        "minimised. Ratios in parentheses: ours / TorchRec's plan. Planning times on this shared 2-core "
-        "machine, one run each.\n\n" + report(rows) + "\n\n" + NOTE
+        f"`python -m benchmarks.uvm --tables {args.tables}` ({time.strftime('%Y-%m-%d')}). Every ms below is a "
+        "PREDICTION, by TorchRec's analytic estimator or by our neural model with the shipped UVM pricing "
+        "(`torchrec_neuroshard/uvmcost.py`); each is the objective one of the planners minimised. Ratios in "
+        "parentheses: ours / TorchRec's plan. Planning times on this 2-core machine, one run each.\n\n"
+        + report(rows) + "\n\n" + NOTE
     )
     (HERE / "results" / "uvm.md").write_text(text)
     print(text)
