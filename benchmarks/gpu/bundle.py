@@ -11,8 +11,11 @@ other architectures, every entry of the inference, VBE and GWD libraries, and th
 library's entries for other optimizers (their kernels are named after the optimizer). The
 entries' headers stay, so the libraries load; CUDA loads a module only when one of its
 kernels first runs (``CUDA_MODULE_LOADING=LAZY``, which ``run.sh`` sets), and the zeros
-xz away. torchrec 1.6.1 (the release beside fbgemm-gpu 1.6) and its pure-Python needs that
-the machine lacks travel as wheels.
+xz away. torchrec 1.6.1 (the release beside fbgemm-gpu 1.6; torchrec 1.8 imports
+``fbgemm_gpu.tbe.monitoring``, which 1.6 lacks) and its pure-Python needs that the machine
+lacks travel as wheels: the lab's measuring code runs there, but the planner imports a
+TorchRec 1.8 function that 1.6.1 lacks (``validate_modules_inclusion_in_sharding_plan``), so
+tests/test_uvm_dmp_gpu.py could not run on that machine (seen 2026-11-27).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 OUT = Path(".gpu")
 FBGEMM = "fbgemm-gpu==1.6.0"
-WHEELS = ("torchrec==1.8.0", "tensordict==0.15.3", "iopath==0.1.9", "pyvers==0.2.3")
+WHEELS = ("torchrec==1.6.1", "tensordict==0.15.3", "iopath==0.1.9", "pyvers==0.2.3")
 SM = 90
 FATBIN_MAGIC = 0xBA55ED50
 ZSTD_MAGIC = b"(\xb5/\xfd"
