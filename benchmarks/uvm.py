@@ -1,6 +1,7 @@
 """Models beyond HBM: NeuroShard vs TorchRec with UVM kernels, PREDICTED by both planners' estimators.
 
-    python -m benchmarks.uvm
+    python -m benchmarks.uvm                       # both planners, 48 tables a task
+    python -m benchmarks.uvm --speed --tables 856  # NeuroShard's planning time alone
 
 Five tasks from the full-size pool (``generate_task`` on ``synthetic_pool``, rows as in
 the pool, global batch 65,536; ``--tables`` each) on D = 8, 16, 64 cuda ranks (8 per host),
@@ -147,12 +148,50 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def planning_speed(tables: int) -> str:
+    """NeuroShard alone on the tasks at ``tables`` tables: wall and CPU seconds of ``plan``
+    (the module built before the clock starts), tables sent to host memory, predicted step."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+    from torchrec_neuroshard.planner import NeuroShardPlanner
+    from torchrec_neuroshard.tables import module_for_tables
+
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    lines = ["| D | tables | bytes to host (cap) | wall s | CPU s | tables in host memory | predicted step ms |", "|---|---|---|---|---|---|---|"]
+    for devices, seed, to_host in TASKS:
+        task = generate_task(synthetic_pool(), tables, devices, WorkloadScale(1, 65_536), seed=seed)
+        topology, constraints, per_rank = setting(task, to_host)
+        module = module_for_tables(task.tables)
+        hists = {t.name: t.access_hist for t in task.tables}
+        wall, cpu = time.perf_counter(), time.process_time()
+        planner = NeuroShardPlanner(topology, per_rank, constraints=constraints, storage_reservation=0.0, access_hists=hists)
+        with threadpool_limits(limits=1):
+            planner.plan(module, [EmbeddingBagCollectionSharder()])
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        step = planner.search_result_.predicted_cost_ms if planner.search_result_ else float("nan")
+        lines.append(f"| {devices} | {tables} | {to_host:.0%} | {wall:.2f} | {cpu:.2f} | {len(planner.plan_.offloaded())} | {step:.2f} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tables", type=int, default=48, help="tables per task, drawn from the full-size pool")
     p.add_argument("--out", type=Path, default=HERE / "results" / "uvm.jsonl")
+    p.add_argument("--speed", action="store_true", help="time NeuroShard alone; writes results/uvm_speed_<tables>.md")
     args = p.parse_args(argv)
     logging.disable(logging.WARNING)  # TorchRec's topology warning, once per plan
+    if args.speed:
+        text = (
+            f"# Planning models beyond HBM: NeuroShard's time\n\n`python -m benchmarks.uvm --speed --tables {args.tables}` "
+            f"({time.strftime('%Y-%m-%d')}, one thread of this 2-core machine, one run each)\n\n" + planning_speed(args.tables) + "\n"
+        )
+        (HERE / "results" / f"uvm_speed_{args.tables}.md").write_text(text)
+        return
     rows = []
     for devices, seed, to_host in TASKS:
         rows.append(run_one(devices, seed, to_host, args.tables))

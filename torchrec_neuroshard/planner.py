@@ -285,6 +285,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         cap: int,
         start: float,
         host_cap: int | None = None,
+        config: SearchConfig | None = None,
     ) -> SearchResult:
         """Place the searched tables around the decided ones (all priced in the whole
         step on the topology's links, each sharded module paid at its slowest device); a
@@ -309,7 +310,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         model = self._cost_model()
         offloaded = any(p.kernel.in_host_memory for p in decided.decided) or any(t.kernel.in_host_memory for t in task.tables)
         self._model = self._priced_model() if offloaded else model
-        config = self.search_config
+        config = config or self.search_config
         if self.timeout_seconds is not None:
             config = replace(config, deadline=start + self.timeout_seconds)
         result = search(task, self._model, config, choices, decided.decided)

@@ -1,9 +1,10 @@
 """How ``NeuroShardPlanner`` fits a model into its ranks' memory: HBM and, on a GPU, host
 memory through the UVM kernels. The offload stage (``offload``) proposes which tables go
-to host memory; each proposal is triaged and searched in the HBM it leaves, and of the
-first feasible ones (``KEPT_ATTEMPTS``) the plan the model predicts cheapest is kept. A
-model that fits HBM is planned exactly as without this stage: its first proposal sends no
-table to host memory, and is taken as it comes."""
+to host memory; each proposal is triaged and searched in the HBM it leaves by a quick
+search (``QUICK_SEARCH``), and of the first feasible ones (``KEPT_ATTEMPTS``) the one the
+model predicts cheapest is searched in full and kept. A model that fits HBM is planned
+exactly as without this stage: its first proposal sends no table to host memory, and is
+searched in full at once."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 logger = logging.getLogger("torchrec_neuroshard.planner")
 
 KEPT_ATTEMPTS = 3
-"""Feasible offload proposals planned (each a search) before the cheapest is kept."""
+"""Feasible offload proposals planned (each by a quick search) before the cheapest is
+searched in full and kept."""
+QUICK_SEARCH = {"beam_width": 1, "max_steps": 2, "local_search": False}
+"""How an offload proposal is screened: a narrow, shallow split search, no local moves."""
 
 
 class MemoryPlanning:
@@ -34,14 +38,14 @@ class MemoryPlanning:
         host_cap, topo, batch = self._host_memory_cap(), self.topology, self._global_batch()
         error, most, best, planned = None, 0, None, 0
         for attempt in attempts(tables, topo.world_size, cap, host_cap, batch, UvmPricing.shipped(), self._price, topo.local_world_size):
-            try:
-                cost = self._plan_tables(tables, attempt, cap, host_cap, start)
+            try:  # an offload proposal is screened by a quick search; no offload is searched in full at once
+                cost = self._plan_tables(tables, attempt, cap, host_cap, start, quick=bool(attempt.placements))
             except InfeasibleError as e:  # a larger share of the tables in host memory may fit
                 error, most = e, max(most, len(attempt.placements))
                 logger.info("no plan with %d tables in host memory: %s", len(attempt.placements), e)
                 continue
             if best is None or cost < best[0]:
-                best = (cost, self.plan_, self.search_result_, self.task_, self._decided)
+                best = (cost, attempt, self.plan_, self.search_result_, self.task_, self._decided)
             planned += 1
             if not attempt.placements or planned >= KEPT_ATTEMPTS:
                 break
@@ -49,13 +53,18 @@ class MemoryPlanning:
             if most:
                 raise InfeasibleError(f"no plan fits HBM and host memory with up to {most} of {len(tables)} tables in host memory: {error}")
             raise error or InfeasibleError("no plan: the offload stage found no split of the tables between HBM and host memory")
-        _, self.plan_, self.search_result_, self.task_, decided = best
+        _, attempt, self.plan_, self.search_result_, self.task_, decided = best
+        if attempt.placements:  # the chosen proposal, searched in full
+            self._plan_tables(tables, attempt, cap, host_cap, start)
+            decided = self._decided
         if self.plan_.offloaded():
             logger.info("UVM kernels priced by the shipped UVM pricing, %s", UvmPricing.shipped().source)
         if self.search_result_ is not None:
             self._log_table(tables, decided, cap)
 
-    def _plan_tables(self, tables: Sequence[ModuleTable], attempt: Offload, cap: int, host_cap: int | None, start: float) -> float:
+    def _plan_tables(
+        self, tables: Sequence[ModuleTable], attempt: Offload, cap: int, host_cap: int | None, start: float, quick: bool = False
+    ) -> float:
         """``plan_`` (and ``search_result_``, ``task_``) of ``tables`` with ``attempt``'s in
         host memory, the rest triaged and searched in the HBM those leave; its predicted ms.
         The offloaded tables the attempt placed whole are searched too, on their kernels (the
@@ -77,7 +86,8 @@ class MemoryPlanning:
         self.plan_ = Plan(decided.decided, world)
         if decided.searched:
             modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
-            self.search_result_ = self._search(decided, specs, modules, cap, start, host_cap)
+            config = replace(self.search_config, **QUICK_SEARCH) if quick else self.search_config
+            self.search_result_ = self._search(decided, specs, modules, cap, start, host_cap, config)
             self.plan_ = self.search_result_.plan
             self.plan_.validate(self.task_)  # the search counts HBM; host memory is checked here
             return self.search_result_.predicted_cost_ms

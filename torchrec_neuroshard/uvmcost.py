@@ -151,6 +151,12 @@ class UvmPricedModel(CostModel):
     def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         return self.base.comm_cost_array(dims, skews_ms)
 
+    def wait_free_comm(self, dims: np.ndarray) -> np.ndarray | None:
+        return self.base.wait_free_comm(dims)
+
+    def for_tables(self, tables: Sequence[TableSpec]) -> "UvmPricedModel":
+        return UvmPricedModel(self.base.for_tables(tables), self.pricing, self.batch_size)
+
     def with_batch_size(self, batch_size: int) -> "UvmPricedModel":
         return UvmPricedModel(self.base.with_batch_size(batch_size), self.pricing, batch_size)
 
