@@ -32,7 +32,7 @@ import torch
 
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.planners import geomean
+from torchrec_neuroshard.lab.planners import geomean, ratio_cells
 from torchrec_neuroshard.types import Plan, Task
 
 HERE = Path(__file__).parent
@@ -160,15 +160,7 @@ def report(path: Path = MEASURED) -> str:
             spreads.append((max(per_round) - min(per_round)) / compute[n])
             device_pred += rs[0]["predicted_ms"]
             device_meas += per_device
-        ref = compute.get("torchrec")
-        cells = []
-        for n in names:
-            if n not in compute:
-                cells.append("failed")
-                continue
-            if ref:
-                ratios[n].append(compute[n] / ref)
-            cells.append(f"{compute[n]:.2f}" + (f" ({compute[n] / ref:.3f})" if ref else ""))
+        cells = ratio_cells(compute, names, ratios, "failed", digits=3)
         if "neuroshard" in compute and all(compute["neuroshard"] <= compute[h] for h in BASELINES if h in compute):
             wins += 1
         lines.append(f"| {i} | {first['tables']} | {first['devices']} | " + " | ".join(cells) + " |")

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.planners import geomean
+from torchrec_neuroshard.lab.planners import geomean, ratio_cells
 from torchrec_neuroshard.types import Plan, Task
 
 HERE = Path(__file__).parent
@@ -173,19 +173,11 @@ def report(path: Path = MEASURED) -> str:
     ratios: dict[str, list[float]] = {n: [] for n in names}
     for (session, i, devices, to_host), by_planner in sorted(runs.items()):
         compute = {n: max(statistics.median(c) for c in zip(*(r["measured_ms"] for r in rs))) for n, rs in by_planner.items()}
-        ref = compute.get("torchrec")
-        cells = []
-        for n in names:
-            if n not in compute:
-                cells.append("-")
-                continue
-            if ref and n != "torchrec":
-                ratios[n].append(compute[n] / ref)
-            cells.append(f"{compute[n]:.2f}" + (f" ({compute[n] / ref:.2f})" if ref else ""))
+        cells = ratio_cells(compute, names, ratios, "-")
         rounds = max(len(rs) for rs in by_planner.values())
         lines.append(f"| {session} | {i} | {devices} | {to_host:.0%} | {rounds} | " + " | ".join(cells) + " |")
     lines += ["", "Geometric mean of the ratio to TorchRec's plan, over the tasks measured beside it: "
-              + ", ".join(f"{n} {geomean(v):.3f} ({len(v)} tasks)" for n, v in ratios.items() if v) + "."]  # fmt: skip
+              + ", ".join(f"{n} {geomean(v):.3f} ({len(v)} tasks)" for n, v in ratios.items() if v and n != "torchrec") + "."]  # fmt: skip
     return "\n".join(lines + ["", prediction_error(rows), "", *predicted_table()])
 
 

@@ -288,22 +288,21 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         config: SearchConfig | None = None,
     ) -> SearchResult:
         """Place the searched tables around the decided ones (all priced in the whole
-        step on the topology's links, each sharded module paid at its slowest device); a
-        table placed table-wise or column-wise whose constraints allow only
-        table_column_wise of the two is labelled so."""
+        step on the topology's links, each sharded module paid at its slowest device), by
+        ``config`` (default ``search_config``); a table placed table-wise or column-wise
+        whose constraints allow only table_column_wise of the two is labelled so."""
         links = Links.of(self.topology)
         task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules, links, host_cap)
         # the step parts were measured on pooled kernels: sequence tables stay table/column-wise;
         # the search places column shards anywhere, so across hosts a table that may only be
-        # cut within one (table_column_wise) stays whole
+        # cut within one (table_column_wise) stays whole; a replica runs in HBM
         hosts = links.local_world_size < task.num_devices
         choices = {
             t.spec.name: TableChoices.of(
                 (t.allowed if t.pooled else t.allowed & COLUMN_KINDS)
                 - ({ShardingKind.TABLE_COLUMN_WISE} if hosts else set())
-                - ({ShardingKind.DATA_PARALLEL} if t.spec.kernel.in_host_memory else set()),  # a replica runs in HBM
-                t.spec.dim,
-                t.min_width,
+                - ({ShardingKind.DATA_PARALLEL} if t.spec.kernel.in_host_memory else set()),
+                t.spec.dim, t.min_width,
             )
             for t in decided.searched
         }

@@ -12,7 +12,7 @@ import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.hardware import model_vs_machine
@@ -110,4 +110,20 @@ def plan_task(name: str, task: Task, model: NeuralCostModel, calibrated: NeuralC
 
 def geomean(xs: Sequence[float]) -> float:
     return math.exp(statistics.mean(math.log(x) for x in xs)) if xs else float("nan")
+
+
+def ratio_cells(values: Mapping[str, float], names: Sequence[str], ratios: dict[str, list[float]], missing: str, digits: int = 2) -> list[str]:
+    """A table row's cells: each planner's value and, in parentheses, its ratio to
+    TorchRec's (``values["torchrec"]``), ``missing`` where a planner has none; each ratio
+    is also appended to ``ratios[name]`` (TorchRec's own included)."""
+    ref = values.get("torchrec")
+    cells = []
+    for name in names:
+        if name not in values:
+            cells.append(missing)
+            continue
+        if ref:
+            ratios[name].append(values[name] / ref)
+        cells.append(f"{values[name]:.2f}" + (f" ({values[name] / ref:.{digits}f})" if ref else ""))
+    return cells
 
