@@ -26,6 +26,7 @@ measurement (TorchRec's convention: bytes at ``hbm_to_ddr_mem_bw / 10``), kept t
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,10 +125,16 @@ class UvmPricing:
 
     @staticmethod
     def shipped(path: Path = SHIPPED) -> "UvmPricing":
-        """The pricing fitted to UVM kernels measured on a GPU (``lab.fit_uvm``)."""
-        d = json.loads(path.read_text())
-        coefficients = {k: (tuple(v["forward"]), tuple(v["backward"])) for k, v in d["coefficients"].items()}
-        return UvmPricing(coefficients, d["source"])
+        """The pricing fitted to UVM kernels measured on a GPU (``lab.fit_uvm``), read once
+        per file and modification time."""
+        return _read_pricing(path, path.stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_pricing(path: Path, mtime_ns: int) -> UvmPricing:
+    d = json.loads(path.read_text())
+    coefficients = {k: (tuple(v["forward"]), tuple(v["backward"])) for k, v in d["coefficients"].items()}
+    return UvmPricing(coefficients, d["source"])
 
 
 class UvmPricedModel(CostModel):
