@@ -250,8 +250,8 @@ def _measure_compute_round(
         fwd, bwd = fwd_dp, bwd_dp
         for g in groups:
             if g.shards[d]:
-                shards = device_kernel(task, g, d, lookups)[0]
-                m = measure_compute(shards, [device_kernel(task, g, d, dr)[1] for dr in draws], device, warmup, repeats)
+                kernels = [device_kernel(task, g, d, dr) for dr in draws]  # the same shards, each draw's bags
+                m = measure_compute(kernels[0][0], [bags for _, bags in kernels], device, warmup, repeats)
                 fwd, bwd = fwd + m.fwd.median_ms, bwd + m.bwd.median_ms
         out.append((fwd, bwd))
     return out
