@@ -81,7 +81,7 @@ def kernel_options(
 ) -> list[KernelOption]:
     """Every kernel ``table`` may run (only fused unless ``offloadable``), each load factor
     of fused_uvm_caching, with its bytes and penalty. A table larger than one rank's HBM
-    (``hbm_cap``) in it is split by rows over every rank (as ``triage`` splits it), each
+    (``hbm_cap``) in it is split by rows (as ``triage.row_split`` splits it), each
     block holding the pooled output of the whole batch: its bytes are those of its blocks."""
     spec = table.spec
     kernels = table.kernels if offloadable(table) else frozenset({ComputeKernel.FUSED})

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--samples", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=12, help="samples measured again at the end, for the noise floor")
+    p.add_argument("--repeats", type=int, default=12, help="the first samples, measured twice in a row of rounds, for the noise floor")
     p.add_argument("--deadline-s", type=float, default=240.0)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
