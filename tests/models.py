@@ -54,6 +54,17 @@ def two_tower(seed: int = 0) -> TwoTowerLike:
     return TwoTowerLike(configs({"a0": 64, "a1": 16}), configs({"b0": 32, "b1": 8}))
 
 
+def same_names(seed: int = 0) -> TwoTowerLike:
+    """``two_tower`` with a table named "t" in each tower (64 and 32 wide, each its own feature)."""
+    torch.manual_seed(seed)
+    user = [EmbeddingBagConfig(name="t", embedding_dim=64, num_embeddings=40, feature_names=["f_user_t"])] + configs({"a1": 16})
+    item = [EmbeddingBagConfig(name="t", embedding_dim=32, num_embeddings=40, feature_names=["f_item_t"])] + configs({"b1": 8})
+    return TwoTowerLike(user, item)
+
+
+MODELS = {"two_tower": two_tower, "same_names": same_names}
+
+
 def random_kjt(model: nn.Module, batch: int, seed: int, rows: int = 40) -> KeyedJaggedTensor:
     from torchrec_neuroshard.tables import module_tables
 
@@ -151,19 +162,20 @@ def _local_weights(dmp: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_estimator: bool = False) -> dict:
-    """Worker: plan ``two_tower`` with collective_plan (NeuroShardPlanner, or TorchRec's
-    planner with the neural estimator), shard with DMP, compare with the reference."""
+def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_estimator: bool = False, model_name: str = "two_tower") -> dict:
+    """Worker: plan the model ``MODELS[model_name]`` with collective_plan (NeuroShardPlanner, with
+    TorchRec's EmbeddingStats, or TorchRec's planner with the neural estimator), shard with
+    DMP, compare with the reference."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.planner.stats import EmbeddingStats
 
     from torchrec_neuroshard.estimators import NeuralPerfEstimator, NeuralPerfModel
     from torchrec_neuroshard.planner import NeuroShardPlanner
 
-    reference = two_tower()
-    model = two_tower()
+    reference, model = MODELS[model_name](), MODELS[model_name]()
     topology = Topology(world_size=world_size, compute_device="cpu", ddr_cap=64 * 2**20, local_world_size=world_size)
     cons = {k: ParameterConstraints(**v) for k, v in constraints.items()}
     sharders = [row_wise_cpu_sharder(fused_params={"learning_rate": 0.1})]
@@ -179,7 +191,7 @@ def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_es
             performance_model=NeuralPerfModel(topology),
         )
     else:
-        planner = NeuroShardPlanner(topology, batch_size=8, constraints=cons)
+        planner = NeuroShardPlanner(topology, batch_size=8, constraints=cons, stats=EmbeddingStats())
     plan = planner.collective_plan(model, sharders)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     copy_into_sharded(dmp, reference)
@@ -191,8 +203,8 @@ def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_es
     max_err = max(float((got[k] - want[k][lo:hi]).abs().max()) for k in want)
     sum(v.sum() for v in got.values()).backward()
     types = {
-        name: (ps.sharding_type, [int(s.shard_sizes[1]) for s in ps.sharding_spec.shards] if ps.sharding_spec else None)
-        for module_plan in plan.plan.values()
+        (name if model_name == "two_tower" else f"{path}.{name}"): (ps.sharding_type, [int(s.shard_sizes[1]) for s in ps.sharding_spec.shards] if ps.sharding_spec else None)
+        for path, module_plan in plan.plan.items()
         for name, ps in module_plan.items()
     }
     return {"plan": str(plan), "types": types, "max_err": max_err}

@@ -275,3 +275,31 @@ def test_every_parameter_constraints_field_is_honoured_or_refused_by_name() -> N
         planned(feature_names=["other"])
     with pytest.raises(ShardingError, match=r"table 'a0': constraint output_dtype=FP16, but its weights take 4 bytes.* drop it"):
         planned(output_dtype=DataType.FP16)
+
+
+@pytest.mark.dmp
+def test_a_table_name_in_two_modules_is_planned_and_sharded_by_module_path(caplog) -> None:
+    """Two towers each hold a table "t" (64 and 32 wide): the plan keys them by module path
+    as TorchRec's does, a constraint on "t" holds for both (TorchRec keys constraints by
+    name), TorchRec's EmbeddingStats logs the plan, and DMP on two ranks matches the model."""
+    from tests.models import plan_shard_and_compare, same_names
+    from torchrec_neuroshard.lab.launch import spawn
+    from torchrec_neuroshard.sharding import from_torchrec
+    from torchrec_neuroshard.tables import module_tables
+
+    assert sorted(t.spec.name for t in module_tables(same_names(), 16)) == ["a1", "b1", "item_ebc.t", "user.ebc.t"]
+    results = spawn(plan_shard_and_compare, 2, {"t": {"sharding_types": ["row_wise"]}}, False, "same_names")
+    assert len({r["plan"] for r in results}) == 1
+    for r in results:
+        assert r["max_err"] < 1e-5
+        assert r["types"]["user.ebc.t"][0] == r["types"]["item_ebc.t"][0] == "row_wise"
+    with caplog.at_level(logging.INFO, logger=STATS):
+        plan = NeuroShardPlanner(topology(), 8, stats=EmbeddingStats()).plan(same_names(), SHARDERS)
+    for path, dim in (("user.ebc", 64), ("item_ebc", 32)):  # each module's own table "t"
+        ps = plan.plan[path]["t"]
+        widths = [int(s.shard_sizes[1]) for s in ps.sharding_spec.shards]
+        assert (sum(widths) if "column" in ps.sharding_type else widths[0]) == dim
+    assert "--- Planner Statistics ---" in caplog.text
+    ours = from_torchrec(plan, 2)
+    assert sorted(p.table for p in ours.placements) == ["a1", "b1", "item_ebc.t", "user.ebc.t"]
+

@@ -100,16 +100,6 @@ def test_bad_tables_give_clear_errors() -> None:
     with pytest.raises(ShardingError, match="contains no torchrec EmbeddingBagCollection"):
         tables_from_module(torch.nn.Sequential(torch.nn.Linear(2, 2)), batch_size=8)
 
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    class Dup(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.a = EmbeddingBagCollection(tables=configs({"t": 8}), device=torch.device("meta"))
-            self.b = EmbeddingBagCollection(tables=configs({"t": 8}), device=torch.device("meta"))
-
-    with pytest.raises(ShardingError, match="duplicate table name 't'.*'a'.*'b'"):
-        tables_from_module(Dup(), batch_size=8)
 
 
 def test_table_larger_than_any_device_names_table_and_cap() -> None:

@@ -266,7 +266,7 @@ def check_table_constraints(tables: Sequence[ModuleTable], constraints: Mapping[
     from torchrec_neuroshard.tables import SUPPORTED_DTYPES
 
     for t in tables:
-        c = (constraints or {}).get(t.spec.name)
+        c = (constraints or {}).get(t.name)  # by table name, as TorchRec keys constraints
         if c is None:
             continue
         if c.feature_names is not None and sorted(c.feature_names) != sorted(t.spec.feature_names):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Mapping, Sequence
 
@@ -13,7 +14,7 @@ from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan,
 
 from torchrec_neuroshard.kernels import ComputeKernel, kernel_of
 
-from torchrec_neuroshard.tables import ModuleTable, module_shapes
+from torchrec_neuroshard.tables import ModuleTable, module_shapes, table_key
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement, WIDTH_ALIGNMENT
 
 FUSED = ComputeKernel.FUSED.value
@@ -65,13 +66,13 @@ def to_torchrec(
     seen: set[str] = set()
     for t in shapes:
         name = t.name
-        if name not in placements:
+        if t.key not in placements:
             raise ShardingError(
-                f"table {name!r} (module at {t.path!r}) is not in the plan; plan it with the same module you shard"
+                f"table {t.key!r} (module at {t.path!r}) is not in the plan; plan it with the same module you shard"
             )
-        seen.add(name)
+        seen.add(t.key)
         module_plan = module_plans.setdefault(t.path, EmbeddingModuleShardingPlan())
-        p = placements[name]
+        p = placements[t.key]
         if not t.pooled and p.kind.splits_columns and len(set(p.widths)) > 1:
             raise ShardingError(
                 f"table {name!r} (module {t.path!r}) is a sequence (EmbeddingCollection) table cut into unequal "
@@ -147,12 +148,16 @@ def from_torchrec(sharding_plan: ShardingPlan, num_devices: int) -> Plan:
     ``cache_params.load_factor``, TorchRec's default ``UVM_CACHING_RATIO`` when it has none,
     or fused_uvm).
 
-    Raises ``ShardingError`` for kinds a ``Plan`` does not record (grid_shard) and kernels
-    NeuroShard does not plan (key_value, ...), naming the table.
+    A table is named as in its module, or ``path.name`` where several modules hold a table
+    of that name (``tables.table_key``). Raises ``ShardingError`` for kinds a ``Plan`` does
+    not record (grid_shard) and kernels NeuroShard does not plan (key_value, ...), naming
+    the table.
     """
     placements: list[TablePlacement] = []
+    modules_with = Counter(name for module_plan in sharding_plan.plan.values() for name in module_plan)
     for path, module_plan in sharding_plan.plan.items():
-        for name, ps in module_plan.items():
+        for table, ps in module_plan.items():
+            name = table_key(path, table, modules_with[table])
             try:
                 kind = ShardingKind(ps.sharding_type)
             except ValueError:

@@ -15,6 +15,7 @@ from torchrec.distributed.types import ModuleSharder
 
 from torchrec_neuroshard.kernels import ComputeKernel
 from torchrec_neuroshard.sharding import DENSE
+from torchrec_neuroshard.tables import module_shapes
 from torchrec_neuroshard.types import CostModel, DeviceCost, Plan, ShardingError, ShardingKind, TablePlacement, TableSpec, Task
 
 
@@ -88,14 +89,20 @@ def torchrec_sharding_options(
     from torchrec.distributed.planner.types import Perf, Shard as TorchRecShard
     from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 
-    kinds = plan.kinds()
-    cons = {p.table: _option_constraints((constraints or {}).get(p.table), p) for p in plan.placements}
+    shapes = module_shapes(module, sharders, topology.compute_device)
+    keys = {(t.path, t.name): t.key for t in shapes}
+    placed = {p.table: p for p in plan.placements}
+    by_name: dict[str, list[TablePlacement]] = {}  # TorchRec's constraints are keyed by table name alone
+    for t in shapes:
+        by_name.setdefault(t.name, []).append(placed[t.key])
+    cons = {name: _option_constraints((constraints or {}).get(name), ps) for name, ps in by_name.items()}
     enumerator = EmbeddingEnumerator(topology, batch_size, cons, estimator=EmbeddingStorageEstimator(topology, cons))
     chosen = {}
     for option in enumerator.enumerate(module, list(sharders)):
-        if option.name in kinds and option.sharding_type == kinds[option.name].value:
-            chosen.setdefault(option.name, option)
-    missing = sorted(set(kinds) - set(chosen))
+        p = placed.get(keys.get((option.path, option.name), ""))
+        if p is not None and (option.sharding_type, option.compute_kernel) == (p.kind.value, _kernel(p)):
+            chosen.setdefault(p.table, _with_load_factor(option, p))
+    missing = sorted(set(placed) - set(chosen))
     if missing:
         raise ShardingError(f"TorchRec's enumerator offers no option for the planned sharding of tables {missing}")
     def perf(table: str, d: int) -> Perf:
@@ -120,19 +127,28 @@ def torchrec_sharding_options(
     return options, enumerator
 
 
-def _option_constraints(given: ParameterConstraints | None, p: TablePlacement) -> ParameterConstraints:
-    """The constraints that make TorchRec's enumerator offer exactly ``p``'s kind and
-    kernel (the dense one for data parallel), its load factor in the cache params."""
+def _kernel(p: TablePlacement) -> str:
+    """The compute kernel TorchRec runs ``p`` on: the dense one for data parallel."""
+    return DENSE if p.kind is ShardingKind.DATA_PARALLEL else p.kernel.value
+
+
+def _option_constraints(given: ParameterConstraints | None, placements: Sequence[TablePlacement]) -> ParameterConstraints:
+    """The constraints that make TorchRec's enumerator offer exactly the kinds and kernels
+    of ``placements`` (one table name's, in every module holding one)."""
+    return replace(
+        given or ParameterConstraints(),
+        sharding_types=sorted({p.kind.value for p in placements}),
+        compute_kernels=sorted({_kernel(p) for p in placements}),
+    )
+
+
+def _with_load_factor(option: ShardingOption, p: TablePlacement) -> ShardingOption:
+    """``option`` with ``p``'s cache load factor in its cache params (fused_uvm_caching)."""
     from torchrec.distributed.types import CacheParams
 
-    c = replace(
-        given or ParameterConstraints(),
-        sharding_types=[p.kind.value],
-        compute_kernels=[DENSE if p.kind is ShardingKind.DATA_PARALLEL else p.kernel.value],
-    )
     if p.kernel is ComputeKernel.FUSED_UVM_CACHING:
-        c = replace(c, cache_params=replace(c.cache_params or CacheParams(), load_factor=p.cache_load_factor))
-    return c
+        option.cache_params = replace(option.cache_params or CacheParams(), load_factor=p.cache_load_factor)
+    return option
 
 
 def table_perfs(model: CostModel, task: Task, plan: Plan) -> dict[str, tuple[DeviceCost, ...]]:

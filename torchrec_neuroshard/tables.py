@@ -4,7 +4,8 @@ from a model's modules, their sharders and constraints; and a module built from 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 import torch
@@ -30,7 +31,9 @@ class ModuleTable:
     ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, the
     narrowest column shard it may be cut into, the compute kernels it may run on (its
     sharder's on the device, narrowed by its constraints' ``compute_kernels``) and the
-    cache load factor its constraints' ``cache_params`` fix (None: the planner chooses)."""
+    cache load factor its constraints' ``cache_params`` fix (None: the planner chooses).
+    ``name`` is the table's name in its module; ``spec.name`` the key the plan knows it by
+    (``table_key``: the same, or ``path.name`` for a name that several modules use)."""
 
     path: str
     spec: TableSpec
@@ -38,8 +41,11 @@ class ModuleTable:
     min_width: int
     kernels: frozenset[ComputeKernel] = frozenset({ComputeKernel.FUSED})
     load_factor: float | None = None
+    name: str = ""
 
     def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.spec.name)
         if not self.allowed:
             raise ShardingError(f"table {self.spec.name!r} (module {self.path!r}): no sharding kind is allowed")
 
@@ -50,7 +56,7 @@ class ModuleTable:
 
     @property
     def shape(self) -> "TableShape":
-        return TableShape(self.path, self.spec.name, self.spec.rows, self.spec.dim, self.spec.pooled)
+        return TableShape(self.path, self.name, self.spec.rows, self.spec.dim, self.spec.pooled, self.spec.name)
 
 
 SUPPORTED_DTYPES = {"FP32": 4, "FP16": 2}
@@ -104,22 +110,36 @@ def _configs(path: str, module: nn.Module) -> tuple[list, bool]:
 
 @dataclass(frozen=True)
 class TableShape:
-    """Where a table lives and its shape: all a TorchRec sharding plan needs of it."""
+    """Where a table lives and its shape: all a TorchRec sharding plan needs of it; ``key``
+    is what the plan calls it (``table_key``)."""
 
     path: str
     name: str
     rows: int
     dim: int
     pooled: bool
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            object.__setattr__(self, "key", self.name)
+
+
+def table_key(path: str, name: str, modules_with_name: int) -> str:
+    """The name a plan knows a table by: its own, or ``path.name`` (TorchRec's fully
+    qualified name) when several sharded modules hold a table of that name, as TorchRec's
+    plans tell them apart by module path."""
+    return f"{path}.{name}" if modules_with_name > 1 else name
 
 
 def _walk(
     module: nn.Module, sharders: Sequence[ModuleSharder] | None, compute_device: str
-) -> Iterator[tuple[str, frozenset[ShardingKind], frozenset[ComputeKernel], object, bool, str, nn.Parameter | None]]:
+) -> Iterator[tuple[str, frozenset[ShardingKind], frozenset[ComputeKernel], object, bool, str, nn.Parameter | None, str]]:
     """(module path, sharding kinds its sharder offers, the kernels it offers of those we
-    plan, embedding config, pooled, dtype name, weight parameter) of every table of every module a sharder shards, in module order: one walk of the
-    configs, with the checks that need no constraints (a module without tables, a sharder
-    offering nothing here, duplicate names, unsupported dtypes)."""
+    plan, embedding config, pooled, dtype name, weight parameter, ``table_key``) of every
+    table of every module a sharder shards, in module order: one walk of the configs, with
+    the checks that need no constraints (a module without tables, a sharder offering
+    nothing here, unsupported dtypes)."""
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     modules = shardable_modules(module, get_default_sharders() if sharders is None else sharders)
@@ -128,7 +148,7 @@ def _walk(
             f"{type(module).__name__} contains no torchrec EmbeddingBagCollection or EmbeddingCollection: "
             "there is nothing to shard. Pass the model that owns the embedding tables."
         )
-    seen: dict[str, str] = {}
+    walked = []
     for path, (owner, sharder) in modules.items():
         offered = _kinds(sharder.sharding_types(compute_device), f"the {type(sharder).__name__}")
         if not offered:
@@ -140,13 +160,10 @@ def _walk(
         kernels = _sharder_kernels(sharder, offered, compute_device)
         configs, pooled = _configs(path, owner)
         weights = {name.rsplit(".", 2)[-2]: p for name, p in owner.named_parameters() if name.endswith(".weight")}
+        walked.append((path, offered, kernels, configs, pooled, weights))
+    modules_with = Counter(name for _, _, _, configs, _, _ in walked for name in {c.name for c in configs})
+    for path, offered, kernels, configs, pooled, weights in walked:
         for config in configs:
-            if config.name in seen:
-                raise ShardingError(
-                    f"duplicate table name {config.name!r} (in modules at {seen[config.name]!r} "
-                    f"and {path!r}); TorchRec plans key tables by name, rename one"
-                )
-            seen[config.name] = path
             dtype = str(getattr(config.data_type, "name", config.data_type)).upper()
             if dtype not in SUPPORTED_DTYPES:
                 raise ShardingError(
@@ -154,7 +171,8 @@ def _walk(
                     f"{sorted(SUPPORTED_DTYPES)} (the fused training kernel's dtypes): use one of those, or "
                     "plan this model with TorchRec's planner"
                 )
-            yield path, offered, kernels, config, pooled, dtype, weights.get(config.name)
+            key = table_key(path, config.name, modules_with[config.name])
+            yield path, offered, kernels, config, pooled, dtype, weights.get(config.name), key
 
 
 def module_shapes(
@@ -163,8 +181,8 @@ def module_shapes(
     """Path and shape of every table ``module_tables`` reads, without its constraints or
     access histograms (what ``sharding.to_torchrec`` needs, at a fraction of the cost)."""
     return tuple(
-        TableShape(path, c.name, c.num_embeddings, c.embedding_dim, pooled)
-        for path, _, _, c, pooled, _, _ in _walk(module, sharders, compute_device)
+        TableShape(path, c.name, c.num_embeddings, c.embedding_dim, pooled, key)
+        for path, _, _, c, pooled, _, _, key in _walk(module, sharders, compute_device)
     )
 
 
@@ -194,12 +212,12 @@ def module_tables(
     constraints = constraints or {}
     access_hists = access_hists or {}
     found: list[ModuleTable] = []
-    for path, offered, kernels, config, pooled, dtype, weight in _walk(module, sharders, compute_device):
-        c = constraints.get(config.name)
+    for path, offered, kernels, config, pooled, dtype, weight, key in _walk(module, sharders, compute_device):
+        c = constraints.get(config.name)  # by table name, as TorchRec's: one entry for every module's table of that name
         pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
-        hist = access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
+        hist = access_hists.get(key) or access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
         spec = TableSpec(
-            name=config.name,
+            name=key,
             rows=config.num_embeddings,
             dim=config.embedding_dim,
             pooling_factor=pf,
@@ -209,8 +227,8 @@ def module_tables(
             pooled=pooled,
             optimizer_multiplier=_optimizer_multiplier(weight),
         )
-        found.append(_constrained(path, spec, offered, kernels, c, compute_device))
-    for name in sorted(set(constraints) - {t.spec.name for t in found}):
+        found.append(replace(_constrained(path, spec, offered, kernels, c, compute_device), name=config.name))
+    for name in sorted(set(constraints) - {t.name for t in found}):
         logger.warning("constraints name table %r, which the module does not have", name)
     return tuple(found)
 
