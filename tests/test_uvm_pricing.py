@@ -33,7 +33,11 @@ def on(kernel: ComputeKernel, factor: float | None = None, rows: int = 1_000_000
 def test_the_shipped_pricing_is_the_fit_of_the_committed_measurements(tmp_path) -> None:
     out = tmp_path / "uvm.json"
     fit_uvm.main(["--data", str(DATA), "--out", str(out)])
-    assert json.loads(out.read_text()) == json.loads(SHIPPED.read_text())
+    fitted, shipped = json.loads(out.read_text()), json.loads(SHIPPED.read_text())
+    assert fitted["source"] == shipped["source"] and fitted["features"] == shipped["features"]
+    for kernel, phases in shipped["coefficients"].items():  # to rounding: numpy and scipy are not pinned
+        for phase, coefficients in phases.items():
+            np.testing.assert_allclose(fitted["coefficients"][kernel][phase], coefficients, rtol=1e-6, atol=1e-9)
 
 
 def test_the_measured_pricing_charges_what_moves_over_uvm() -> None:
