@@ -36,10 +36,10 @@ SEED = 7
 TABLES = (1, 8)
 
 
-def measure_sample(index: int) -> list[dict]:
-    """Sample ``index`` measured at every batch, with the shipped model's prediction."""
+def measure_sample(index: int, seed: int = SEED) -> list[dict]:
+    """Sample ``index`` of ``seed`` measured at every batch, with the shipped model's prediction."""
     pool = synthetic_pool()
-    sample = draw_compute_sample(pool, WorkloadScale(64, TRAINED_BATCH), SEED, index, tables=TABLES)
+    sample = draw_compute_sample(pool, WorkloadScale(64, TRAINED_BATCH), seed, index, tables=TABLES)
     model = load_pretrained("cpu")
     rows = []
     for batch in BATCHES:
