@@ -1,5 +1,6 @@
 """NeuroShardPlanner in place of TorchRec's planner. Run: torchrun --nproc_per_node 2 examples/quickstart.py"""
 
+import gc
 import os
 
 import torch
@@ -41,5 +42,7 @@ pooled = model(batch).wait()
 pooled.values().sum().backward()  # the fused optimizer updates the shards in backward
 if dist.get_rank() == 0:
     print(plan)
+del model, pooled  # free the sharded model on every rank before the group goes:
+gc.collect()  # tearing gloo down under a live DMP module can abort at exit
 dist.barrier()  # no rank tears the group down while another still uses it
 dist.destroy_process_group()
