@@ -70,16 +70,22 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def collect(path: Path, samples: int, seed: int = SEED) -> list[dict]:
+    """Samples [0, ``samples``) of ``seed`` at every batch (one thread), those not yet in
+    ``path`` measured and appended; all of its rows."""
+    torch.set_num_threads(1)
+    done = {r["sample"] for r in read_rows(path)}
+    for index in tqdm(range(samples), desc="samples"):
+        if index not in done:
+            append_rows(path, measure_sample(index, seed))
+    return read_rows(path)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=24)
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    done = {r["sample"] for r in read_rows(OUT)}
-    for index in tqdm(range(args.samples), desc="samples"):
-        if index not in done:
-            append_rows(OUT, measure_sample(index))
-    text = report(read_rows(OUT))
+    text = report(collect(OUT, args.samples))
     (HERE / "results" / "batch_curve.md").write_text(
         "# Kernel cost against the batch: the shipped CPU model's linear scaling, MEASURED\n\n"
         f"`python -m benchmarks.batch_curve --samples {args.samples}` ({time.strftime('%Y-%m-%d')}; "

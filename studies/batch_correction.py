@@ -20,11 +20,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-from tqdm import tqdm
 
-from benchmarks.batch_curve import BATCHES, OUT as HELD_OUT, TRAINED_BATCH, measure_sample
-from torchrec_neuroshard.lab.collect import append_rows, read_rows
+from benchmarks.batch_curve import BATCHES, OUT as HELD_OUT, TRAINED_BATCH, collect
+from torchrec_neuroshard.lab.collect import read_rows
 
 HERE = Path(__file__).parent
 TRAIN = HERE / "results" / "batch_correction_train.jsonl"
@@ -61,12 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--samples", type=int, default=150)
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    done = {x["sample"] for x in read_rows(TRAIN)}
-    for index in tqdm(range(args.samples), desc="samples"):
-        if index not in done:
-            append_rows(TRAIN, measure_sample(index, SEED))
-    train, held = read_rows(TRAIN), read_rows(HELD_OUT)
+    train, held = collect(TRAIN, args.samples, SEED), read_rows(HELD_OUT)
     coef = fit(train)
     text = report(coef, held, len(train))
     (HERE / "results" / "batch_correction.md").write_text(
