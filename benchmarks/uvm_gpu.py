@@ -108,15 +108,23 @@ def predicted_ms(task: Task, plan: Plan) -> list[float]:
     return [d.fwd_compute + d.bwd_compute for d in per_device]
 
 
-def prediction_error(rows: list[dict]) -> str:
-    """How well the shipped pricing predicts the measured devices of every measured plan
-    (plans it never saw: it was fitted to single kernels, ``lab.fit_uvm``)."""
+def stored_predictions() -> tuple[list[dict], dict[tuple[int, str], list[float]]]:
+    """The stored tasks and plans, and every plan's per-device ``predicted_ms`` by (task, planner)."""
     with gzip.open(PLANS, "rt") as f:
         entries = json.load(f)
+    predicted = {}
+    for i, e in enumerate(entries):
+        task = Task.from_json(json.dumps(e["task"]))
+        predicted.update({(i, n): predicted_ms(task, Plan.from_dict(d)) for n, d in e["plans"].items()})
+    return entries, predicted
+
+
+def prediction_error(rows: list[dict], predictions: dict[tuple[int, str], list[float]]) -> str:
+    """How well the shipped pricing predicts the measured devices of every measured plan
+    (plans it never saw: it was fitted to single kernels, ``lab.fit_uvm``)."""
     errors, plan_errors = [], []
     for (session, i, planner), rs in _by_plan(rows).items():
-        task = Task.from_json(json.dumps(entries[i]["task"]))
-        predicted = predicted_ms(task, Plan.from_dict(entries[i]["plans"][planner]))
+        predicted = predictions[(i, planner)]
         measured = [statistics.median(c) for c in zip(*(r["measured_ms"] for r in rs))]
         errors += [abs(p - m) / m for p, m in zip(predicted, measured)]
         plan_errors.append(abs(max(predicted) - max(measured)) / max(measured))
@@ -127,10 +135,8 @@ def prediction_error(rows: list[dict]) -> str:
     )
 
 
-def predicted_table() -> list[str]:
+def predicted_table(entries: list[dict], predictions: dict[tuple[int, str], list[float]]) -> list[str]:
     """Every stored plan's compute as NeuroShard prices it, measured or not."""
-    with gzip.open(PLANS, "rt") as f:
-        entries = json.load(f)
     names = sorted({n for e in entries for n in e["plans"]}, key=lambda n: (n != "torchrec", n))
     lines = [
         "Compute of every stored plan PREDICTED by NeuroShard's pricing (max over devices, ms; ratio to TorchRec's plan):",
@@ -139,10 +145,9 @@ def predicted_table() -> list[str]:
         "|---|---|---|" + "---|" * len(names),
     ]
     for i, e in enumerate(entries):
-        task = Task.from_json(json.dumps(e["task"]))
-        ms = {n: max(predicted_ms(task, Plan.from_dict(d))) for n, d in e["plans"].items()}
+        ms = {n: max(predictions[(i, n)]) for n in e["plans"]}
         cells = [f"{ms[n]:.2f} ({ms[n] / ms['torchrec']:.2f})" if n in ms else "-" for n in names]
-        lines.append(f"| {i} | {task.num_devices} | {e['to_host']:.0%} | " + " | ".join(cells) + " |")
+        lines.append(f"| {i} | {e['task']['num_devices']} | {e['to_host']:.0%} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -178,7 +183,8 @@ def report(path: Path = MEASURED) -> str:
         lines.append(f"| {session} | {i} | {devices} | {to_host:.0%} | {rounds} | " + " | ".join(cells) + " |")
     lines += ["", "Geometric mean of the ratio to TorchRec's plan, over the tasks measured beside it: "
               + ", ".join(f"{n} {geomean(v):.3f} ({len(v)} tasks)" for n, v in ratios.items() if v and n != "torchrec") + "."]  # fmt: skip
-    return "\n".join(lines + ["", prediction_error(rows), "", *predicted_table()])
+    entries, predictions = stored_predictions()
+    return "\n".join(lines + ["", prediction_error(rows, predictions), "", *predicted_table(entries, predictions)])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,6 +27,7 @@ from scipy.optimize import nnls
 
 from torchrec_neuroshard.kernels import UVM_KERNELS, ComputeKernel
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
+from torchrec_neuroshard.types import Shard
 from torchrec_neuroshard.uvmcost import FEATURES, SHIPPED, UvmPricing, features
 
 HOLD_OUT = 0.2
@@ -43,12 +44,15 @@ def samples(rows: list[dict]) -> dict[tuple[int, int], dict[str, dict]]:
     return {k: v for k, v in out.items() if len(v) == 1 + len(UVM_KERNELS)}
 
 
+def row_shards(row: dict) -> list[Shard]:
+    """A row's shards, each on the row's kernel (and cache load factor)."""
+    kernel, factor = ComputeKernel(row["kernel"]), row["cache_load_factor"]
+    return [replace(s, table=replace(s.table, kernel=kernel, cache_load_factor=factor)) for s in map(shard_from_record, row["shards"])]
+
+
 def sample_features(row: dict) -> np.ndarray:
     """The summed ``FEATURES`` of a row's shards on its kernel, [4]."""
-    kernel = ComputeKernel(row["kernel"])
-    shards = [shard_from_record(s) for s in row["shards"]]
-    on_kernel = [replace(s, table=replace(s.table, kernel=kernel, cache_load_factor=row["cache_load_factor"])) for s in shards]
-    return np.sum([features(s, row["batch_size"]) for s in on_kernel], axis=0)
+    return np.sum([features(s, row["batch_size"]) for s in row_shards(row)], axis=0)
 
 
 def split(keys: list[tuple[int, int]], seed: int = 0) -> tuple[set[int], set[int]]:
@@ -81,9 +85,7 @@ def mape(pricing: UvmPricing, by_sample: dict, ids: set[int], kernel: str) -> fl
     for (s, _), k in by_sample.items():
         if s in ids:
             row = k[kernel]
-            shards = [shard_from_record(r) for r in row["shards"]]
-            on = [replace(x, table=replace(x.table, kernel=ComputeKernel(kernel), cache_load_factor=row["cache_load_factor"])) for x in shards]
-            predicted = k["fused"]["fwd_ms"] + k["fused"]["bwd_ms"] + float(pricing.penalty_ms(on, row["batch_size"]).sum())
+            predicted = k["fused"]["fwd_ms"] + k["fused"]["bwd_ms"] + float(pricing.penalty_ms(row_shards(row), row["batch_size"]).sum())
             measured = row["fwd_ms"] + row["bwd_ms"]
             errors.append(abs(predicted - measured) / measured)
     return statistics.fmean(errors)
