@@ -25,6 +25,7 @@ def _collect(args: argparse.Namespace) -> None:
             args.out, args.samples, device, seed=args.seed, num_threads=args.threads,
             precision=args.precision, pooled=args.pooling == "sum",
             **({"tables": tuple(args.tables)} if args.tables else {}),
+            batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None,
         )
         print(f"{args.out}: {n} compute samples ({time.perf_counter() - t0:.0f} s this run)")
     elif args.what == "comm":
@@ -193,6 +194,11 @@ def _add_collect(sub: argparse._SubParsersAction) -> None:
         "--tables", type=int, nargs=2, metavar=("LOW", "HIGH"),
         help="compute: tables one kernel fuses, drawn uniformly (default 1 to lab.collect.MAX_TABLES_PER_SAMPLE; "
         "give another --seed for another range)",
+    )  # fmt: skip
+    c.add_argument(
+        "--batch-sizes", type=int, nargs=2, metavar=("LOW", "HIGH"),
+        help="compute: each sample at its own global batch, log-uniform in LOW..HIGH (default: the device's "
+        "scale, 4,096 on a CPU); the model then learns the batch",
     )  # fmt: skip
     c.set_defaults(func=_collect)
 

@@ -141,6 +141,16 @@ def draw_compute_sample(
             return ComputeSample(tuple(int(i) for i in ids), tuple(int(w) for w in widths))
 
 
+def draw_batch(seed: int, index: int, batch_sizes: tuple[int, int]) -> int:
+    """Sample ``index``'s global batch: log-uniform in ``batch_sizes`` (LOW, HIGH), a
+    multiple of 8 (its own random stream: the sample's tables are those of a fixed batch)."""
+    low, high = batch_sizes
+    if not 8 <= low <= high:
+        raise ShardingError(f"compute batch sizes must be 8 <= LOW <= HIGH, got {low} {high}")
+    exponent = np.random.default_rng([seed, index, 1]).uniform(np.log2(low), np.log2(high))
+    return int(min(max(8 * round(2**exponent / 8), low), high))
+
+
 class PoolLookups:
     """Bags of pool tables for one collection run, generated on first use, then reused.
 
@@ -176,14 +186,17 @@ def collect_compute(
     precision: str = "fp32",
     pooled: bool = True,
     tables: tuple[int, int] = (1, MAX_TABLES_PER_SAMPLE),
+    batch_sizes: tuple[int, int] | None = None,
 ) -> int:
     """Measure compute samples ``[rows already in out, num_samples)`` and append them.
 
     Row i measures sample i of ``seed``, or sample ``sample_indices[i]`` when given (a
     chosen subset, e.g. calibration's covering order). ``precision`` and ``pooled`` choose
     the kernel (``measure_compute.build_kernel``); every row records both. ``tables``: the
-    range of tables one kernel fuses (``draw_compute_sample``). Returns the number of rows
-    in the file afterwards.
+    range of tables one kernel fuses (``draw_compute_sample``). ``batch_sizes``: each sample
+    at its own global batch drawn from that range (``draw_batch``), its tables' access
+    histograms and bags those of its batch; default the scale's batch. Returns the number
+    of rows in the file afterwards.
     """
     if sample_indices is not None and len(sample_indices) < num_samples:
         raise ValueError(f"{num_samples} samples asked for but only {len(sample_indices)} sample indices given")
@@ -196,12 +209,13 @@ def collect_compute(
         for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc="compute samples"):
             index = i if sample_indices is None else int(sample_indices[i])
             sample = draw_compute_sample(pool, scale, seed, index, one_width=not pooled, tables=tables)
-            shards, lookups = bank.shards(sample, PRECISION_BYTES[precision])
+            at = scale if batch_sizes is None else replace(scale, batch_size=draw_batch(seed, index, batch_sizes))
+            shards, lookups = (bank if at == scale else PoolLookups(pool, at)).shards(sample, PRECISION_BYTES[precision])
             m = measure_compute(shards, lookups, device, warmup, repeats, num_threads, precision, pooled)
             row = {
                 "kind": "compute",
                 "group": index,
-                "batch_size": scale.batch_size,
+                "batch_size": at.batch_size,
                 "weights_precision": precision,
                 "pooling_mode": "sum" if pooled else "none",
                 "shards": [shard_record(s) for s in shards],
