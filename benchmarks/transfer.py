@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     for target in args.targets:
         rows = list(iter_kind(read_rows(TARGETS[target]), "compute"))
         hw = Hardware.from_record(rows[0]["hardware"])
-        data = load_compute_data(rows)
+        data = load_compute_data(rows, reads_batch=base.compute_net.reads_batch)
         pool_mask, _, test_mask = split_by_group(data.group, 0, (1.0 - args.test_share, 1.0 - args.test_share))
         test = data.subset(test_mask)
         pool_rows = [r for r, keep in zip(rows, pool_mask) if keep]
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
                 m = compute_metrics(tuned.compute_net, tuned.compute_norm, test)
                 mapes.append(m["mape_total"])
                 rhos.append(m["spearman_total"])
-                cal = load_compute_data(chosen)
+                cal = load_compute_data(chosen, reads_batch=base.compute_net.reads_batch)
                 tr, va, _ = split_by_group(cal.group, seed, (0.8, 1.0))
                 net, norm, _ = train_compute(cal.subset(tr), cal.subset(va), 200, seed, progress=False)
                 scratch.append(compute_metrics(net, norm, test))

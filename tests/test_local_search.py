@@ -43,8 +43,8 @@ def test_lifted_rows_price_as_the_net_does() -> None:
     devices = [[Shard(t, t.dim) for t in task.tables[:5]], [Shard(t, t.dim) for t in task.tables[5:]]]
     kernel = model.pooled_kernel
     for shards in devices:
-        emb = kernel.net.table(kernel.norm(kernel.priced(shards)[0])).sum(0, keepdim=True)  # [1, embed]
-        expected = np.exp(kernel.net.head(emb).detach().numpy()[0]) * model.batch_scale
+        emb = kernel.net.table(kernel.norm(kernel.priced(shards, model.batch)[0])).sum(0, keepdim=True)  # [1, embed]
+        expected = np.exp(kernel.net.head(emb).detach().numpy()[0]) * kernel.batch_factor(model.batch)
         got = model.compute_cost([shards])[0]
         np.testing.assert_allclose(got, expected, rtol=1e-4)
 

@@ -82,11 +82,10 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             default for this process (``planner_args.default_topology``).
         batch_size: the PER-RANK batch size, exactly as ``EmbeddingShardingPlanner``
             defines it (default TorchRec's, 512). A table-wise shard's kernel sees the
-            global batch, ``batch_size x world_size``; the cost model's predictions scale
-            linearly from the batch it was trained at. Measured on 12 CPU kernels from 1/4x
-            to 4x the trained batch: the median error of that scaling stays within 7%, but
-            single kernels deviate by 20-30% at 2x and up to 50% at 1/4x, so for accurate
-            plans pre-train at your batch size.
+            global batch, ``batch_size x world_size``. The shipped CPU model learned the
+            batch (global 256-65,536, benchmarks/batch_curve.py); a model trained at one
+            batch (h200, intel_xeon) scales linearly from it, as every model does beyond
+            the batches it learned, and its comm (``NeuralCostModel.batch_note`` logs which).
         enumerator, proposer, partitioner, performance_model: refused (a ``ShardingError``):
             NeuroShard's search and cost model replace them; to use NeuroShard's cost model
             inside TorchRec's own planner see examples/estimator_in_torchrec.py.
@@ -354,10 +353,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         check_world_size(model, world)
         batch = self._global_batch()
         if batch != model.batch_size:
-            logger.info(
-                "global batch %d (per-rank %d x %d ranks) differs from the cost model's %d: predictions scaled by %.3g",
-                batch, batch // world, world, model.batch_size, batch / model.batch_size,
-            )
+            logger.info("global batch %d (per-rank %d x %d ranks): %s", batch, batch // world, world, model.batch_note(batch))
         return model
 
     def _memory_cap(self, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> int:

@@ -1,6 +1,7 @@
 """The features the cost nets read, their normaliser, and the range they were trained on.
 
-A shard's features (``SHARD_FEATURES``) describe its table and width; a device's comm
+A shard's features (``SHARD_FEATURES``) describe its table and width, and for a net that
+learned the batch (``BATCH_FEATURE``) the global batch its kernel runs; a device's comm
 features (``DEVICE_FEATURES``) its own dim sum and skew and summaries pooled over all
 devices, so the comm net is permutation-equivariant over devices. Every model file records
 the range of every shard feature each compute net was trained on (``FeatureRange``).
@@ -26,6 +27,10 @@ DEVICE_FEATURES = (
     "dim", "skew_ms", "wait_ms", "send_dim", "recv_dim", "mean_dim", "max_dim", "min_dim",
     "max_skew_ms", "world_size", "inv_world_size",
 )  # fmt: skip
+BATCH_FEATURE = "log_batch"
+"""The log of the global batch a kernel runs, read after ``SHARD_FEATURES`` by a compute net
+trained on samples at several batches (``ComputeNet.reads_batch``); a net trained at one
+batch does not read it, and its cost scales linearly with the batch instead."""
 WIDTH_FEATURE = SHARD_FEATURES.index("width")
 POOLING_FEATURE = SHARD_FEATURES.index("pooling_factor")
 
@@ -38,8 +43,15 @@ at most, about its test error, where a 1,000-row table read 20 times per sample,
 deviations out, moved 4-9x."""
 
 
-def shard_features(shards: Sequence[Shard]) -> torch.Tensor:
-    """Raw features of each shard, float32 [len(shards), len(SHARD_FEATURES)]."""
+def feature_names(reads_batch: bool) -> tuple[str, ...]:
+    """The features a compute net reads: ``SHARD_FEATURES``, then ``BATCH_FEATURE`` if it reads the batch."""
+    return SHARD_FEATURES + (BATCH_FEATURE,) * reads_batch
+
+
+def shard_features(shards: Sequence[Shard], batch_size: int | None = None) -> torch.Tensor:
+    """Raw features of each shard, float32 [len(shards), F]: ``SHARD_FEATURES``, and the log
+    of ``batch_size`` last when one is given (``feature_names(True)``)."""
+    extra = [math.log(batch_size)] if batch_size is not None else []
     rows = []
     for s in shards:
         t = s.table
@@ -48,10 +60,10 @@ def shard_features(shards: Sequence[Shard]) -> torch.Tensor:
             [
                 math.log(t.rows), s.width, math.log(s.width), t.pooling_factor,
                 math.log1p(t.pooling_factor), math.log1p(lookups * t.bytes_per_element),
-                math.log(t.size_bytes(s.width)), t.bytes_per_element, *t.access_hist,
+                math.log(t.size_bytes(s.width)), t.bytes_per_element, *t.access_hist, *extra,
             ]  # fmt: skip
         )
-    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(SHARD_FEATURES))
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), len(SHARD_FEATURES) + len(extra))
 
 
 def device_features(dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
@@ -99,18 +111,19 @@ class Normalizer:
 
 @dataclass(frozen=True)
 class FeatureRange:
-    """The smallest and largest value of each raw shard feature (``SHARD_FEATURES``) in the
-    samples a compute net was trained on: ``low``, ``high`` float32 [F]. A model file
-    records it in ``meta["feature_range"]`` (a sequence net's in ``meta["sequence"]``)."""
+    """The smallest and largest value of each raw feature a compute net reads
+    (``feature_names``) in the samples it was trained on: ``low``, ``high`` float32 [F]. A
+    model file records it in ``meta["feature_range"]`` (a sequence net's in
+    ``meta["sequence"]``)."""
 
     low: torch.Tensor
     high: torch.Tensor
 
     def __post_init__(self) -> None:
-        want = (len(SHARD_FEATURES),)
-        if tuple(self.low.shape) != want or tuple(self.high.shape) != want:
+        counts = (len(SHARD_FEATURES), len(feature_names(True)))
+        if self.low.ndim != 1 or self.low.shape != self.high.shape or len(self.low) not in counts:
             raise ShardingError(
-                f"a feature range needs {want[0]} lows and highs (one per shard feature), got "
+                f"a feature range needs {counts[0]} or {counts[1]} lows and highs (one per feature its net reads), got "
                 f"{list(self.low.shape)} and {list(self.high.shape)}; re-run `neuroshard pretrain`"
             )
         if not (self.low.isfinite().all() and self.high.isfinite().all() and (self.low <= self.high).all()):

@@ -29,6 +29,7 @@ from torchrec_neuroshard.costmodel.features import (
     WIDTH_FEATURE,
     FeatureRange,
     Normalizer,
+    feature_names,
     shard_features,
 )
 from torchrec_neuroshard.types import Shard
@@ -45,13 +46,21 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
 
 
 class ComputeNet(nn.Module):
-    """Shards [S, F] with device index [S] -> log ms [N, 2] (forward, backward) per device."""
+    """Shards [S, F] with device index [S] -> log ms [N, 2] (forward, backward) per device.
+    ``reads_batch``: F ends with the log of the kernel's global batch (``feature_names``)."""
 
-    def __init__(self, num_features: int = len(SHARD_FEATURES), hidden: int = 128, embed: int = 64) -> None:
+    def __init__(self, num_features: int = len(SHARD_FEATURES), hidden: int = 128, embed: int = 64, reads_batch: bool = False) -> None:
         super().__init__()
-        self.config = {"num_features": num_features, "hidden": hidden, "embed": embed}
+        want = len(feature_names(reads_batch))
+        if num_features != want:
+            raise ValueError(f"a compute net with reads_batch={reads_batch} reads {want} features, not {num_features}")
+        self.config = {"num_features": num_features, "hidden": hidden, "embed": embed, "reads_batch": reads_batch}
         self.table = mlp([num_features, hidden, hidden, embed])
         self.head = mlp([embed, hidden, 2])
+
+    @property
+    def reads_batch(self) -> bool:
+        return bool(self.config["reads_batch"])
 
     def forward(self, x: torch.Tensor, device_index: torch.Tensor, num_devices: int) -> torch.Tensor:
         h = self.table(x)
@@ -91,30 +100,45 @@ def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.
 class KernelNet:
     """A compute net with the normaliser of its features and what it was trained on (the
     largest kernel, the weight bytes, the range of its features, None for a model file
-    written before ranges were recorded): the model of one TorchRec kernel kind."""
+    written before ranges were recorded, the smallest and largest global batch): the model
+    of one TorchRec kernel kind."""
 
     net: ComputeNet
     norm: Normalizer
     max_tables_per_kernel: int | None
     bytes_per_element_trained: tuple[int, ...]
     trained_range: FeatureRange | None
+    batch_sizes_trained: tuple[int, int]
 
     @staticmethod
-    def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any]) -> "KernelNet":
+    def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any], batch_size: int) -> "KernelNet":
         """``net`` with what ``meta`` (a model's meta, or its ``"sequence"`` part) records
-        about its training data; models before the byte field saw fp32 only."""
+        about its training data; models before the byte field saw fp32 only, and those
+        before the batch range, the model's one ``batch_size``."""
         stored = meta.get("feature_range")
+        low, high = meta.get("batch_sizes_trained", (batch_size, batch_size))
         return KernelNet(
             net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4])),
-            FeatureRange.from_state(stored) if stored is not None else None,
+            FeatureRange.from_state(stored) if stored is not None else None, (int(low), int(high)),
         )  # fmt: skip
+
+    def batch_factor(self, batch_size: int) -> float:
+        """What the net's price at the nearest batch it was trained at is multiplied by for
+        ``batch_size``: 1 inside the trained batches (a net that reads the batch prices it
+        itself), linear in the batch beyond them (a first-order correction)."""
+        low, high = self.batch_sizes_trained
+        return batch_size / min(max(batch_size, low), high)
+
+    def features(self, shards: Sequence[Shard], batch_size: int) -> torch.Tensor:
+        """The raw features the net reads of ``shards`` in a kernel of ``batch_size``, float32 [S, F]."""
+        return shard_features(shards, batch_size if self.net.reads_batch else None)
 
     @cached_property
     def head(self) -> list[tuple[np.ndarray, np.ndarray]]:
         return numpy_layers(self.net.head)
 
-    def priced(self, shards: Sequence[Shard]) -> tuple[torch.Tensor, np.ndarray]:
-        """The features the net prices each shard by, float32 [S, F], and each shard's
+    def priced(self, shards: Sequence[Shard], batch_size: int) -> tuple[torch.Tensor, np.ndarray]:
+        """The features the net prices each shard by at ``batch_size``, float32 [S, F], and each shard's
         work in copies of the shard those features describe, float64 [S] (1 inside the
         trained range).
 
@@ -124,8 +148,9 @@ class KernelNet:
         columns x lookups, where clamping would price a 512-column table as a 128-column
         one. Then every feature is clamped into the trained range: a table smaller than
         any trained is priced as the smallest one, a sound bound for costs per row and per
-        lookup. Without a recorded range: the shard's own features, one copy."""
-        x = shard_features(shards)  # [S, F]
+        lookup; a batch beyond the trained ones, as the nearest (``batch_factor`` scales it).
+        Without a recorded range: the shard's own features, one copy."""
+        x = self.features(shards, batch_size)  # [S, F]
         trained = self.trained_range
         if trained is None:
             return x, np.ones(len(shards))
@@ -140,26 +165,29 @@ class KernelNet:
                 replace(s, table=replace(s.table, pooling_factor=min(s.table.pooling_factor, busiest)), width=min(s.width, int(widest)))
                 for s in (shards[i] for i in beyond)
             ]  # fmt: skip
-            x[torch.as_tensor(beyond)] = shard_features(learned)
+            x[torch.as_tensor(beyond)] = self.features(learned, batch_size)
         return trained.clamp(x), copies
 
     def outside(self, shards: Sequence[Shard]) -> list[list[str]]:
-        """Per shard, its features farther than ``RANGE_TOLERANCE`` outside the trained
-        range, each as "name value (trained low..high)"; all empty without a range."""
+        """Per shard, its ``SHARD_FEATURES`` farther than ``RANGE_TOLERANCE`` outside the
+        trained range, each as "name value (trained low..high)"; all empty without a range.
+        (The batch is the model's, not a table's: ``batch_factor`` prices it.)"""
         trained = self.trained_range
         if trained is None:
             return [[] for _ in shards]
-        x = shard_features(shards)  # [S, F]
-        far = (trained.clamp(x) - x).abs() / self.norm.std > RANGE_TOLERANCE  # [S, F]
-        low, high = trained.low.tolist(), trained.high.tolist()
+        own = len(SHARD_FEATURES)
+        x = shard_features(shards)  # [S, own]
+        low, high = trained.low[:own], trained.high[:own]
+        far = (torch.clamp(x, low, high) - x).abs() / self.norm.std[:own] > RANGE_TOLERANCE  # [S, own]
+        low, high = low.tolist(), high.tolist()
         return [
             [f"{SHARD_FEATURES[f]} {float(x[i, f]):.4g} (trained {low[f]:.4g}..{high[f]:.4g})" for f in far[i].nonzero().flatten().tolist()]
             for i in range(len(shards))
         ]  # fmt: skip
 
     @torch.no_grad()
-    def embed(self, shards: Sequence[Shard]) -> np.ndarray:
-        """Shard rows, float32 [S, hidden + 3] = [the head's first layer (no bias) applied
+    def embed(self, shards: Sequence[Shard], batch_size: int) -> np.ndarray:
+        """Shard rows at ``batch_size``, float32 [S, hidden + 3] = [the head's first layer (no bias) applied
         to the net's embedding of the shard as ``priced`` | the (forward, backward) ms its
         copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
         the trained range | 1]. The head pools the embeddings by summing and its first
@@ -167,7 +195,7 @@ class KernelNet:
         shard here, and a device's cost is the rest of the head (``cost``). Pooled over a
         device, the middle columns sum the devices' extra ms and the last counts its shards
         in this kernel."""
-        features, copies = self.priced(shards)
+        features, copies = self.priced(shards, batch_size)
         emb = self.net.table(self.norm(features)).numpy()  # [S, embed]
         lifted = emb @ self.head[0][0]  # [S, hidden]
         extra = np.zeros((len(shards), 2), dtype=emb.dtype)  # [S, 2]

@@ -72,11 +72,13 @@ class NeuralCostModel(CostModel):
     topology for a model measured on one GPU (its file holds no comm net); None until one
     is attached with ``with_comm``. ``sequence`` is the (net, normaliser) of the unpooled
     kernel, EmbeddingCollection tables', when the model learned it (``meta["sequence"]``
-    then records its training); without it sequence tables are refused. ``batch_scale``
-    multiplies every compute prediction: the planner sets it to the ratio of the user's
-    batch size to the one the model was trained at (a first-order correction);
-    ``with_batch_size`` rescales the comm too. ``meta`` holds the hardware the samples
-    were measured on (``hardware``), the batch size and the training record.
+    then records its training); without it sequence tables are refused. The model predicts
+    at the global batch ``batch_size`` x ``batch_scale`` (``with_batch_size`` sets it, and
+    rescales the comm, linear in the batch): a compute net trained across batches reads it
+    as a feature, one trained at a single batch scales linearly from it
+    (``KernelNet.batch_factor``). ``meta`` holds the hardware the samples were measured on
+    (``hardware``), the batch size the comm and the default prediction are at, and the
+    training record.
     """
 
     def __init__(
@@ -93,8 +95,8 @@ class NeuralCostModel(CostModel):
         self.comm = comm
         self.meta = meta
         self.batch_scale = batch_scale
-        self.pooled_kernel = KernelNet.of(compute_net, compute_norm, meta)
-        self.sequence_kernel = KernelNet.of(*sequence, meta["sequence"]) if sequence is not None else None
+        self.pooled_kernel = KernelNet.of(compute_net, compute_norm, meta, self.batch_size)
+        self.sequence_kernel = KernelNet.of(*sequence, meta["sequence"], self.batch_size) if sequence is not None else None
 
     @property
     def sequence(self) -> tuple[ComputeNet, Normalizer] | None:
@@ -104,7 +106,13 @@ class NeuralCostModel(CostModel):
 
     @property
     def batch_size(self) -> int:
+        """The batch the model predicts at by default (its comm was measured at)."""
         return int(self.meta["batch_size"])
+
+    @property
+    def batch(self) -> int:
+        """The global batch the model predicts at (``with_batch_size``)."""
+        return round(self.batch_size * self.batch_scale)
 
     @property
     def hardware(self) -> Hardware:
@@ -120,14 +128,29 @@ class NeuralCostModel(CostModel):
         return StepParts.from_dict(stored) if stored is not None else None
 
     def with_batch_size(self, batch_size: int) -> "NeuralCostModel":
-        """The same model with predictions scaled to ``batch_size`` (linear in the batch);
-        ``self`` when that is the scale it already has."""
+        """The same model predicting at the global ``batch_size``; ``self`` when that is the
+        batch it already predicts at."""
         comm = self.comm.with_batch_size(batch_size) if self.comm is not None else None
         if batch_size / self.batch_size == self.batch_scale and comm is self.comm:
             return self
         return NeuralCostModel(
             self.compute_net, self.compute_norm, comm, self.meta, batch_size / self.batch_size, self.sequence
         )
+
+    def batch_note(self, batch_size: int) -> str:
+        """How this model prices the global ``batch_size``: by the nets that learned it, or
+        scaled linearly from the nearest batch they learned; the comm, linearly from its own."""
+        kernels = [("compute", self.pooled_kernel), ("sequence compute", self.sequence_kernel)]
+        parts = []
+        for what, kernel in ((w, k) for w, k in kernels if k is not None):
+            low, high = kernel.batch_sizes_trained
+            learned = f"{low:,}" if low == high else f"{low:,}-{high:,}"
+            factor = kernel.batch_factor(batch_size)
+            how = "priced by its net" if factor == 1.0 else f"scaled linearly by {factor:.3g}"
+            parts.append(f"{what} {how} (learned at {learned})")
+        if self.comm is not None and batch_size != self.batch_size:
+            parts.append(f"comm scaled linearly from {self.batch_size:,}")
+        return "; ".join(parts)
 
     def for_tables(self, tables: Sequence[TableSpec]) -> "NeuralCostModel":
         """Without the sequence kernel's columns when no table of ``tables`` is a sequence
@@ -138,9 +161,8 @@ class NeuralCostModel(CostModel):
 
     def with_comm(self, comm: CommModel) -> "NeuralCostModel":
         """The same compute model paired with ``comm`` (at this model's batch scale)."""
-        batch = round(self.batch_size * self.batch_scale)
         return NeuralCostModel(
-            self.compute_net, self.compute_norm, comm.with_batch_size(batch), self.meta, self.batch_scale, self.sequence
+            self.compute_net, self.compute_norm, comm.with_batch_size(self.batch), self.meta, self.batch_scale, self.sequence
         )
 
     def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
@@ -166,20 +188,21 @@ class NeuralCostModel(CostModel):
             picked = [s for s, m in zip(shards, mine) if m]
             _check_bytes(picked, kernel.bytes_per_element_trained, what)
             if picked:
-                out[mine, col : col + kernel.width] = kernel.embed(picked)
+                out[mine, col : col + kernel.width] = kernel.embed(picked, self.batch)
             col += kernel.width
         return out
 
     def device_cost(self, pooled: np.ndarray) -> np.ndarray:
         """(forward, backward) ms [N, 2] of devices from pooled ``embed_shards`` rows: the
-        sum of the device's pooled kernel and its sequence kernel, each 0 without shards and
-        stretched linearly beyond its trained kernel size (``KernelNet.cost``)."""
+        sum of the device's pooled kernel and its sequence kernel, each 0 without shards,
+        stretched linearly beyond its trained kernel size (``KernelNet.cost``) and beyond
+        its trained batches (``KernelNet.batch_factor``)."""
         # numpy: the search calls this with small batches thousands of times
         p = self.pooled_kernel.width
-        cost = self.pooled_kernel.cost(pooled[:, :p])
+        cost = self.pooled_kernel.cost(pooled[:, :p]) * self.pooled_kernel.batch_factor(self.batch)
         if self.sequence_kernel is not None and (pooled[:, -1] > 0).any():  # some device runs the sequence kernel
-            cost = cost + self.sequence_kernel.cost(pooled[:, p:])
-        return cost * self.batch_scale
+            cost = cost + self.sequence_kernel.cost(pooled[:, p:]) * self.sequence_kernel.batch_factor(self.batch)
+        return cost
 
     def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         if self.comm is None:

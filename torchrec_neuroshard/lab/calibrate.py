@@ -113,12 +113,13 @@ def fine_tune(
     (a GPU model's alpha-beta stand-in) is trained from scratch on the comm rows; the
     base's sequence-kernel net is kept as it is (calibration measures pooled kernels).
     The compute net's feature range grows by the fine-tuning samples' (both are samples
-    of the same kernel the net learned; a base without a range gets theirs).
+    of the same kernel the net learned; a base without a range gets theirs), its batches
+    too where it reads the batch (else it prices at the calibration's batch, linear beyond).
     ``meta["calibration"]`` records the base, the sample counts, the time, and the held-out
     error before and after."""
     t0 = time.perf_counter()
     compute_rows = _compute_rows_of_one_machine(rows)
-    data = load_compute_data(compute_rows)
+    data = load_compute_data(compute_rows, reads_batch=base.compute_net.reads_batch)
     train, val = _split(data.group, seed)
     before = compute_metrics(base.compute_net, base.compute_norm, data.subset(val))
     net, norm, log = train_compute(
@@ -138,6 +139,9 @@ def fine_tune(
         max_tables_per_kernel=max(meta.get("max_tables_per_kernel", 0), max(len(r["shards"]) for r in compute_rows)),
         seed=seed,
     )
+    here = int(data.batch_size[0])  # one batch (``_compute_rows_of_one_machine``)
+    low, high = base.pooled_kernel.batch_sizes_trained if base.compute_net.reads_batch else (here, here)
+    meta["batch_sizes_trained"] = [min(low, here), max(high, here)]
     tuned = FeatureRange.fit(data.subset(train).x)
     base_range = base.pooled_kernel.trained_range
     meta["feature_range"] = (tuned if base_range is None else base_range.union(tuned)).state()

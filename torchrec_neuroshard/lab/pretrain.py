@@ -64,9 +64,10 @@ def pretrain(
     t0 = time.perf_counter()
     compute_rows = kernel_rows(rows, pooled=True)
     cnet, cnorm, kernel_meta, test = _train_kernel(rows, True, epochs, seed, progress)
+    batches = [r["batch_size"] for r in compute_rows]
     meta = {
         "hardware": {**compute_rows[0]["hardware"], **(hardware or {})},
-        "batch_size": compute_rows[0]["batch_size"],
+        "batch_size": max(set(batches), key=batches.count),  # the most measured: the default prediction's
         **kernel_meta,
         "world_sizes_trained": [],
         "seed": seed,
@@ -97,12 +98,6 @@ def _train_sequence(
     its training and test recorded in ``meta``; else None."""
     if not kernel_rows(rows, pooled=False):
         return None
-    batches = {r["batch_size"] for r in iter_kind(rows, "compute")}
-    if len(batches) > 1:
-        raise ShardingError(
-            f"the pooled and sequence compute samples were measured at batch sizes {sorted(batches)}; "
-            "one model predicts at one batch size: collect both at the same scale"
-        )
     # started from the pooled net's weights and normaliser (same features, related work):
     # sequence samples are few and slow to measure
     snet, snorm, meta["sequence"], meta["test"]["sequence_compute"] = _train_kernel(
@@ -146,24 +141,28 @@ def _train_kernel(
     rows: Sequence[dict], pooled: bool, epochs: int, seed: int, progress: bool, start: tuple[ComputeNet, Normalizer] | None = None
 ) -> tuple[ComputeNet, Normalizer, dict, dict]:
     """The compute net of one kernel kind trained on its rows (split 80/10/10 by group),
-    from ``start``'s weights and normaliser when given: (net, normaliser, what the model's
-    meta records of it, its test metrics)."""
-    data, (tr, va, te) = _kernel_split(rows, pooled, seed)
+    from ``start``'s weights and normaliser when given (reading the batch if that net does):
+    (net, normaliser, what the model's meta records of it, its test metrics)."""
+    data, (tr, va, te) = _kernel_split(rows, pooled, seed, start[0].reads_batch if start else None)
     net, norm, log = train_compute(data.subset(tr), data.subset(va), epochs, seed, progress=progress, start=start)
     mine = kernel_rows(rows, pooled)
     meta = {
         "max_tables_per_kernel": max(len(r["shards"]) for r in mine),
         "bytes_per_element_trained": sorted({int(sh.get("bytes_per_element", 4)) for r in mine for sh in r["shards"]}),
         "feature_range": FeatureRange.fit(data.subset(tr).x).state(),
+        "batch_sizes_trained": [int(data.subset(tr).batch_size.min()), int(data.subset(tr).batch_size.max())],
         "compute_config": net.config,
         "compute_train": {k: v for k, v in log.items() if k != "history"},
     }
     return net, norm, meta, compute_metrics(net, norm, data.subset(te))
 
 
-def _kernel_split(rows: Sequence[dict], pooled: bool, seed: int) -> tuple[ComputeData, tuple[np.ndarray, ...]]:
-    """The compute samples of one kernel kind and their (train, validation, test) masks."""
-    data = load_compute_data(rows, pooled)
+def _kernel_split(
+    rows: Sequence[dict], pooled: bool, seed: int, reads_batch: bool | None = None
+) -> tuple[ComputeData, tuple[np.ndarray, ...]]:
+    """The compute samples of one kernel kind (``load_compute_data``) and their (train,
+    validation, test) masks."""
+    data = load_compute_data(rows, pooled, reads_batch)
     return data, _pretraining_split(data.group, seed, "compute")
 
 
@@ -209,7 +208,7 @@ def add_feature_ranges(model: NeuralCostModel, rows: Sequence[dict]) -> NeuralCo
     bit for bit: they are not the samples it was trained on (nor is a calibrated model's
     normaliser, its base's: re-calibrate it from a base that records ranges)."""
     seed = int(model.meta["seed"])
-    data, (train, _, _) = _kernel_split(rows, True, seed)
+    data, (train, _, _) = _kernel_split(rows, True, seed, model.compute_net.reads_batch)
     trained = data.subset(train).x
     fitted = Normalizer.fit(trained)
     if not (torch.equal(fitted.mean, model.compute_norm.mean) and torch.equal(fitted.std, model.compute_norm.std)):
@@ -219,7 +218,7 @@ def add_feature_ranges(model: NeuralCostModel, rows: Sequence[dict]) -> NeuralCo
         )
     meta = {**model.meta, "feature_range": FeatureRange.fit(trained).state()}
     if model.sequence_kernel is not None:
-        data, (train, _, _) = _kernel_split(rows, False, seed)
+        data, (train, _, _) = _kernel_split(rows, False, seed, model.sequence_kernel.net.reads_batch)
         meta["sequence"] = {**meta["sequence"], "feature_range": FeatureRange.fit(data.subset(train).x).state()}
     return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
 

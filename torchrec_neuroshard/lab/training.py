@@ -100,9 +100,15 @@ def train_compute(
     start: tuple[ComputeNet, Normalizer] | None = None,
 ) -> tuple[ComputeNet, Normalizer, dict]:
     """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint.
-    ``start``: fine-tune a copy of that net with its normaliser instead of a fresh one."""
+    ``start``: fine-tune a copy of that net with its normaliser instead of a fresh one (it
+    must read the batch where the data carry it, and only then)."""
     torch.manual_seed(seed)
-    net, norm = (copy.deepcopy(start[0]), start[1]) if start else (ComputeNet(), Normalizer.fit(train.x))
+    if start is not None and start[0].reads_batch != train.reads_batch:
+        raise ValueError(f"the starting net has reads_batch={start[0].reads_batch}, the data {train.reads_batch}")
+    if start is not None:
+        net, norm = copy.deepcopy(start[0]), start[1]
+    else:
+        net, norm = ComputeNet(train.x.shape[1], reads_batch=train.reads_batch), Normalizer.fit(train.x)
     log = _fit(
         net, lambda d: ((_compute_predict(net, norm, d) - d.y.log()) ** 2).mean(),
         train, val, epochs, seed, batch, lr, patience, progress, "compute model" if start is None else "fine-tuning compute",

@@ -25,13 +25,16 @@ from the "dp" sample of the same index."""
 
 @dataclass(frozen=True)
 class ComputeData:
-    """Compute samples: shard features x [S, F] with each sample's shards contiguous,
-    owning sample of each shard [S], targets y [N, 2] (forward, backward ms), group [N]."""
+    """Compute samples: shard features x [S, F] with each sample's shards contiguous (the
+    log of its batch last where ``reads_batch``), owning sample of each shard [S], targets
+    y [N, 2] (forward, backward ms), group [N], global batch [N]."""
 
     x: torch.Tensor
     sample: torch.Tensor
     y: torch.Tensor
     group: np.ndarray
+    batch_size: np.ndarray
+    reads_batch: bool
 
     def subset(self, keep: np.ndarray) -> "ComputeData":
         """The samples where ``keep`` (a boolean mask [N] or sample indices) holds."""
@@ -45,6 +48,8 @@ class ComputeData:
             torch.as_tensor(np.repeat(np.arange(len(idx)), n)),
             self.y[torch.as_tensor(idx)],
             self.group[idx],
+            self.batch_size[idx],
+            self.reads_batch,
         )
 
     def __len__(self) -> int:
@@ -82,19 +87,25 @@ def kernel_rows(rows: Sequence[dict], pooled: bool = True) -> list[dict]:
     return [r for r in iter_kind(rows, "compute") if r.get("pooling_mode", "sum") == POOLING_MODES[pooled]]
 
 
-def load_compute_data(rows: Sequence[dict], pooled: bool = True) -> ComputeData:
-    """The compute samples of ``rows`` of one kernel kind (``kernel_rows``)."""
-    feats, sample, y, group = [], [], [], []
-    for r in kernel_rows(rows, pooled):
-        shards = [shard_from_record(s) for s in r["shards"]]
-        feats.append(shard_features(shards))
-        sample += [len(y)] * len(shards)
-        y.append([r["fwd_ms"], r["bwd_ms"]])
-        group.append(r["group"])
-    if not y:
+def load_compute_data(rows: Sequence[dict], pooled: bool = True, reads_batch: bool | None = None) -> ComputeData:
+    """The compute samples of ``rows`` of one kernel kind (``kernel_rows``), with each
+    sample's batch as a feature when ``reads_batch`` (default: when they were measured at
+    more than one batch, so a net can learn it)."""
+    mine = kernel_rows(rows, pooled)
+    if not mine:
         flag = "" if pooled else " --pooling none"
         raise ShardingError(f"no {'pooled' if pooled else 'sequence'} compute samples in the data; run `neuroshard collect compute{flag}` first")
-    return ComputeData(torch.cat(feats), torch.tensor(sample), torch.tensor(y, dtype=torch.float32), np.asarray(group))
+    batches = [int(r["batch_size"]) for r in mine]
+    if reads_batch is None:
+        reads_batch = len(set(batches)) > 1
+    feats, sample = [], []
+    for k, r in enumerate(mine):
+        shards = [shard_from_record(s) for s in r["shards"]]
+        feats.append(shard_features(shards, batches[k] if reads_batch else None))
+        sample += [k] * len(shards)
+    y = torch.tensor([[r["fwd_ms"], r["bwd_ms"]] for r in mine], dtype=torch.float32)
+    group = np.asarray([r["group"] for r in mine])
+    return ComputeData(torch.cat(feats), torch.tensor(sample), y, group, np.asarray(batches), reads_batch)
 
 
 def load_comm_data(rows: Sequence[dict]) -> CommData:
