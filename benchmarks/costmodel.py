@@ -41,7 +41,7 @@ from torchrec_neuroshard.types import TableSpec
 
 DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 CPU_DATA = (
-    "cpu_compute.jsonl.gz", "cpu_compute_fp16.jsonl.gz", "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz",
+    "cpu_compute.jsonl.gz", "cpu_compute_batch.jsonl.gz", "cpu_compute_fp16.jsonl.gz", "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz",
     "cpu_step.jsonl.gz",
 )  # fmt: skip
 """The shipped CPU model's training data (Makefile ``model``)."""
@@ -49,7 +49,17 @@ CPU_DATA = (
 
 def torchrec_estimates(samples: Sequence[dict], world_size: int = 2, device: str = "cpu") -> list[float]:
     """TorchRec's EmbeddingPerfEstimator fwd+bwd compute (ms) of each compute sample: the
-    table-wise fused shard perf of each of its tables, summed (TorchRec's own rating)."""
+    table-wise fused shard perf of each of its tables at the sample's batch, summed
+    (TorchRec's own rating)."""
+    out: dict[int, float] = {}
+    for batch in sorted({r["batch_size"] for r in samples}):
+        mine = [i for i, r in enumerate(samples) if r["batch_size"] == batch]
+        out.update(zip(mine, _torchrec_at_batch([samples[i] for i in mine], batch, world_size, device)))
+    return [out[i] for i in range(len(samples))]
+
+
+def _torchrec_at_batch(samples: Sequence[dict], batch: int, world_size: int, device: str) -> list[float]:
+    """``torchrec_estimates`` of samples measured at one global ``batch``."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import ParameterConstraints, Topology
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -68,10 +78,10 @@ def torchrec_estimates(samples: Sequence[dict], world_size: int = 2, device: str
         n: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"], pooling_factors=[t.pooling_factor])
         for n, t in specs.items()
     }
+    per_rank = batch // world_size  # TorchRec's batch_size is per rank; a table-wise shard sees it x world_size
     enum = EmbeddingEnumerator(
-        topology, samples[0]["batch_size"], cons,
-        estimator=[EmbeddingPerfEstimator(topology, cons), EmbeddingStorageEstimator(topology, cons)],
-    )  # fmt: skip
+        topology, per_rank, cons, estimator=[EmbeddingPerfEstimator(topology, cons), EmbeddingStorageEstimator(topology, cons)]
+    )
     options = enum.enumerate(module_for_tables(specs.values()), [EmbeddingBagCollectionSharder()])
     perf = {o.name: o.shards[0].perf for o in options}
     return [
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
 def _compute_table(model: NeuralCostModel, rows: list[dict], seed: int, device: str) -> list[dict]:
     """Print the compute model's table (ours, TorchRec's estimator, sequence kernels, each
     weight dtype) on the test split; returns the test split's pooled kernel rows."""
-    cdata = load_compute_data(rows)
+    cdata = load_compute_data(rows, reads_batch=model.compute_net.reads_batch)
     _, _, test = split_by_group(cdata.group, seed)
     ours = compute_metrics(model.compute_net, model.compute_norm, cdata.subset(test))
     compute_rows = kernel_rows(rows, pooled=True)
@@ -151,16 +161,17 @@ def _compute_table(model: NeuralCostModel, rows: list[dict], seed: int, device: 
     print(f"| TorchRec, rescaled by its median ratio ({scale:.3g}) | {mape(tr * scale, truth):.1f} | {spearman(tr, truth):.3f} | - | - | 1 |")
     sequence_rows = kernel_rows(rows, pooled=False)
     if sequence_rows and model.sequence_kernel is not None:  # the unpooled (EmbeddingCollection) kernel's own net
-        sdata = load_compute_data(rows, pooled=False)
+        sdata = load_compute_data(rows, pooled=False, reads_batch=model.sequence_kernel.net.reads_batch)
         seq = compute_metrics(model.sequence_kernel.net, model.sequence_kernel.norm, sdata.subset(split_by_group(sdata.group, seed)[2]))
         print(f"| NeuroShard, sequence (unpooled) kernels ({seq['samples']}) | {seq['mape_total']:.1f} | {seq['spearman_total']:.3f} | {seq['mape_fwd']:.1f} | {seq['mape_bwd']:.1f} | - |")
     elif sequence_rows:
         print(f"| NeuroShard: this model has no sequence net for the {len(sequence_rows)} sequence kernels | - | - | - | - | - |")
     precision = [r.get("weights_precision", "fp32") for r in test_rows]
-    if len(set(precision)) > 1:  # the held-out kernels of each weight dtype apart
-        total = pred.exp().sum(1).double()
-        for name in sorted(set(precision)):
-            keep = torch.tensor([p == name for p in precision])
+    at = [f"at batch {model.batch_size:,}" if r["batch_size"] == model.batch_size else "at other batches" for r in test_rows]
+    total = pred.exp().sum(1).double()
+    for kinds in (precision, at):  # the held-out kernels of each weight dtype, and batch, apart
+        for name in sorted(set(kinds)) if len(set(kinds)) > 1 else ():
+            keep = torch.tensor([k == name for k in kinds])
             print(f"| NeuroShard, {name} kernels only ({int(keep.sum())}) | {mape(total[keep], truth[keep]):.1f} | {spearman(total[keep], truth[keep]):.3f} | - | - | - |")
     return test_rows
 
