@@ -45,9 +45,11 @@ data: venv
 	$(BIN)/neuroshard collect step --kinds dp --samples 100 --out runs/cpu_step.jsonl
 	$(BIN)/neuroshard collect step --kinds dp_small --samples 60 --out runs/cpu_step.jsonl
 	$(BIN)/neuroshard collect compute --samples 10000 --out runs/cpu_compute.jsonl
+	$(BIN)/neuroshard collect compute --batch-sizes 256 65536 --seed 9 --samples 3000 --out runs/cpu_compute_batch.jsonl
+	$(BIN)/neuroshard collect compute --batch-sizes 16384 65536 --seed 10 --samples 300 --out runs/cpu_compute_batch_high.jsonl
 	$(BIN)/neuroshard collect compute --precision fp16 --seed 2 --samples 800 --out runs/cpu_compute_fp16.jsonl
 	$(BIN)/neuroshard collect compute --pooling none --seed 3 --samples 800 --out runs/cpu_compute_sequence.jsonl
-	for F in cpu_compute cpu_compute_fp16 cpu_compute_sequence; do gzip -9 -c runs/$$F.jsonl > torchrec_neuroshard/lab/data/$$F.jsonl.gz; done
+	for F in cpu_compute cpu_compute_batch cpu_compute_batch_high cpu_compute_fp16 cpu_compute_sequence; do gzip -9 -c runs/$$F.jsonl > torchrec_neuroshard/lab/data/$$F.jsonl.gz; done
 	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz
 	gzip -9 -c runs/cpu_step.jsonl > torchrec_neuroshard/lab/data/cpu_step.jsonl.gz
 
@@ -55,6 +57,7 @@ data: venv
 # collections did not record the CPU's name or cores.
 model: venv
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz \
+		torchrec_neuroshard/lab/data/cpu_compute_batch.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_batch_high.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_compute_fp16.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_sequence.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz torchrec_neuroshard/lab/data/cpu_step.jsonl.gz \
 		--device-name "AMD EPYC" --cores 2 \

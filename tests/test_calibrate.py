@@ -43,7 +43,7 @@ def test_calibration_on_a_few_samples_lowers_held_out_error_on_their_hardware(xe
     base = load_pretrained("cpu")
     calib, held_out = covering_rows(xeon_rows[:800], 60), xeon_rows[800:1100]
     tuned = fine_tune(base, calib, epochs=15, seed=0, progress=False)
-    test = load_compute_data(held_out)
+    test = load_compute_data(held_out, reads_batch=base.compute_net.reads_batch)
     before = compute_metrics(base.compute_net, base.compute_norm, test)["mape_total"]
     after = compute_metrics(tuned.compute_net, tuned.compute_norm, test)["mape_total"]
     assert after < 0.7 * before, (before, after)

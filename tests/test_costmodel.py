@@ -20,6 +20,8 @@ from torchrec_neuroshard.types import Shard, ShardingError
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool, table_spec
 
 DATA = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+TRAINING_SPLIT = 11_846
+"""Pooled kernels in the shipped CPU model's training split (80% of its sample groups)."""
 
 
 @pytest.fixture(scope="module")
@@ -176,13 +178,17 @@ def test_the_trained_range_leaves_every_training_kernel_priced_bit_for_bit(model
     """Clamping into the recorded range is the identity on the samples the range came from:
     every kernel of the shipped CPU model's training split (pooled: fp32 and fp16) costs
     exactly what the bare nets predict, and none is reported outside its data."""
-    rows = kernel_rows([r for f in ("cpu_compute", "cpu_compute_fp16") for r in read_rows(DATA / f"{f}.jsonl.gz")])
+    files = ("cpu_compute", "cpu_compute_batch", "cpu_compute_batch_high", "cpu_compute_fp16")  # Makefile's order
+    rows = kernel_rows([r for f in files for r in read_rows(DATA / f"{f}.jsonl.gz")])
     train, _, _ = split_by_group(np.asarray([r["group"] for r in rows]), seed=model.meta["seed"])
-    kernels = [[shard_from_record(s) for s in r["shards"]] for r, keep in zip(rows, train) if keep]
-    assert len(kernels) == 9239
-    guarded = np.asarray(model.compute_cost(kernels))
-    assert np.abs(guarded - np.asarray(_without_ranges(model).compute_cost(kernels))).max() == 0.0
-    assert model.out_of_range([s.table for k in kernels[:500] for s in k]) == {}
+    kept = [r for r, keep in zip(rows, train) if keep]
+    assert len(kept) == TRAINING_SPLIT
+    bare = _without_ranges(model)
+    for batch in sorted({r["batch_size"] for r in kept}):  # each kernel at its own batch
+        kernels = [[shard_from_record(s) for s in r["shards"]] for r in kept if r["batch_size"] == batch]
+        guarded = np.asarray(model.with_batch_size(batch).compute_cost(kernels))
+        assert np.abs(guarded - np.asarray(bare.with_batch_size(batch).compute_cost(kernels))).max() == 0.0
+    assert model.out_of_range([shard_from_record(s).table for r in kept[:500] for s in r["shards"]]) == {}
 
 
 def test_a_wider_or_more_read_shard_than_any_trained_costs_its_work_linearly(model) -> None:

@@ -155,16 +155,18 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
     assert NeuroShardPlanner(topology(64)).plan(two_tower(), SHARDERS).plan
 
 
-def test_batch_size_other_than_the_models_is_scaled_and_logged(caplog) -> None:
+def test_batch_size_other_than_the_models_is_priced_and_logged(caplog) -> None:
     task = generate_task(synthetic_pool(), 10, 2, WorkloadScale(), seed=4)
     module = module_for_tables(task.tables)
     small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=512)
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         small.plan(module, SHARDERS)
-    assert "global batch 1024 (per-rank 512 x 2 ranks) differs from the cost model's 4096: predictions scaled by 0.25" in caplog.text
+    assert "global batch 1024 (per-rank 512 x 2 ranks): compute priced by its net (learned at 256-" in caplog.text
+    assert "comm scaled linearly from 4,096" in caplog.text
     big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=2048)
     big.plan(module, SHARDERS)
-    # the kernels of one plan scale with the batch (the step's fixed latencies do not)
+    # the kernels of one plan cost less at a quarter of the batch: how much less the net
+    # learned (linear scaling said exactly 0.25; the step's fixed latencies do not scale)
     from torchrec_neuroshard.costmodel import load_pretrained
     from torchrec_neuroshard.stepcost import predict_step
 
@@ -174,7 +176,7 @@ def test_batch_size_other_than_the_models_is_scaled_and_logged(caplog) -> None:
         parts = predict_step(model.with_batch_size(task.batch_size), task, big.plan_).parts
         return sum(sum(parts[k]) for k in ("column_fwd", "column_bwd"))
 
-    assert kernels_ms(small.task_) == pytest.approx(0.25 * kernels_ms(big.task_), rel=0.2)
+    assert 0.2 < kernels_ms(small.task_) / kernels_ms(big.task_) < 0.5
 
 
 @pytest.mark.dmp
