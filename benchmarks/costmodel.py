@@ -41,8 +41,8 @@ from torchrec_neuroshard.types import TableSpec
 
 DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 CPU_DATA = (
-    "cpu_compute.jsonl.gz", "cpu_compute_batch.jsonl.gz", "cpu_compute_fp16.jsonl.gz", "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz",
-    "cpu_step.jsonl.gz",
+    "cpu_compute.jsonl.gz", "cpu_compute_batch.jsonl.gz", "cpu_compute_batch_high.jsonl.gz", "cpu_compute_fp16.jsonl.gz",
+    "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz", "cpu_step.jsonl.gz",
 )  # fmt: skip
 """The shipped CPU model's training data (Makefile ``model``)."""
 
@@ -51,17 +51,20 @@ def torchrec_estimates(samples: Sequence[dict], world_size: int = 2, device: str
     """TorchRec's EmbeddingPerfEstimator fwd+bwd compute (ms) of each compute sample: the
     table-wise fused shard perf of each of its tables at the sample's batch, summed
     (TorchRec's own rating)."""
+    from torchrec.distributed.planner import Topology
+
+    topology = Topology(world_size=world_size, compute_device=device, local_world_size=world_size)
     out: dict[int, float] = {}
     for batch in sorted({r["batch_size"] for r in samples}):
         mine = [i for i, r in enumerate(samples) if r["batch_size"] == batch]
-        out.update(zip(mine, _torchrec_at_batch([samples[i] for i in mine], batch, world_size, device)))
+        out.update(zip(mine, _torchrec_at_batch([samples[i] for i in mine], batch, topology)))
     return [out[i] for i in range(len(samples))]
 
 
-def _torchrec_at_batch(samples: Sequence[dict], batch: int, world_size: int, device: str) -> list[float]:
+def _torchrec_at_batch(samples: Sequence[dict], batch: int, topology: "Topology") -> list[float]:
     """``torchrec_estimates`` of samples measured at one global ``batch``."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
@@ -73,12 +76,11 @@ def _torchrec_at_batch(samples: Sequence[dict], batch: int, world_size: int, dev
             shard = shard_from_record(s)
             name = f"{s['name']}_w{s['width']}"
             specs[name] = TableSpec(name, shard.table.rows, shard.width, shard.table.pooling_factor, shard.table.access_hist)
-    topology = Topology(world_size=world_size, compute_device=device, local_world_size=world_size)
     cons = {
         n: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"], pooling_factors=[t.pooling_factor])
         for n, t in specs.items()
     }
-    per_rank = batch // world_size  # TorchRec's batch_size is per rank; a table-wise shard sees it x world_size
+    per_rank = batch // topology.world_size  # TorchRec's batch_size is per rank; a table-wise shard sees it x world_size
     enum = EmbeddingEnumerator(
         topology, per_rank, cons, estimator=[EmbeddingPerfEstimator(topology, cons), EmbeddingStorageEstimator(topology, cons)]
     )
