@@ -199,10 +199,16 @@ class NeuralCostModel(CostModel):
         its trained batches (``KernelNet.batch_factor``)."""
         # numpy: the search calls this with small batches thousands of times
         p = self.pooled_kernel.width
-        cost = self.pooled_kernel.cost(pooled[:, :p]) * self.pooled_kernel.batch_factor(self.batch)
+        pooled_factor, sequence_factor = self._batch_factors
+        cost = self.pooled_kernel.cost(pooled[:, :p]) * pooled_factor
         if self.sequence_kernel is not None and (pooled[:, -1] > 0).any():  # some device runs the sequence kernel
-            cost = cost + self.sequence_kernel.cost(pooled[:, p:]) * self.sequence_kernel.batch_factor(self.batch)
+            cost = cost + self.sequence_kernel.cost(pooled[:, p:]) * sequence_factor
         return cost
+
+    @cached_property
+    def _batch_factors(self) -> tuple[float, float]:
+        """Each kernel's ``batch_factor`` at this model's batch (1 for a missing kernel)."""
+        return tuple(k.batch_factor(self.batch) if k is not None else 1.0 for k in (self.pooled_kernel, self.sequence_kernel))
 
     def comm_cost_array(self, dims: np.ndarray, skews_ms: np.ndarray) -> np.ndarray:
         if self.comm is None:

@@ -64,10 +64,9 @@ def pretrain(
     t0 = time.perf_counter()
     compute_rows = kernel_rows(rows, pooled=True)
     cnet, cnorm, kernel_meta, test = _train_kernel(rows, True, epochs, seed, progress)
-    batches = [r["batch_size"] for r in compute_rows]
     meta = {
         "hardware": {**compute_rows[0]["hardware"], **(hardware or {})},
-        "batch_size": max(set(batches), key=batches.count),  # the most measured: the default prediction's
+        "batch_size": _reference_batch(rows),
         **kernel_meta,
         "world_sizes_trained": [],
         "seed": seed,
@@ -89,6 +88,13 @@ def pretrain(
             )
     meta["train_seconds"] = round(time.perf_counter() - t0, 1)
     return NeuralCostModel(cnet, cnorm, comm, meta, sequence=sequence)
+
+
+def _reference_batch(rows: Sequence[dict]) -> int:
+    """The batch a model predicts at by default and its comm net scales from: the one most
+    of its comm samples were measured at, else most of its compute samples."""
+    batches = [r["batch_size"] for r in iter_kind(rows, "comm")] or [r["batch_size"] for r in iter_kind(rows, "compute")]
+    return max(set(batches), key=batches.count)
 
 
 def _train_sequence(
