@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.lab.collect import PoolLookups, append_rows, draw_batch, draw_compute_sample, read_rows
-from torchrec_neuroshard.lab.measure_compute import Lookups, measure_compute
+from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool, table_spec
 from torchrec_neuroshard.types import Shard
 
@@ -49,36 +49,36 @@ ANCHORS = 10
 """Training kernels re-measured beside each batch's held-out ones, to tell drift from error."""
 
 
-def sample_shards(index: int, batch: int, seed: int = SEED) -> tuple[list[Shard], dict[str, Lookups]]:
-    """Sample ``index`` of ``seed`` at global ``batch``: its shards (access histograms of
-    that batch) and their bags."""
+def sample_shards(index: int, batch: int, seed: int = SEED) -> list[tuple[int, Shard]]:
+    """Sample ``index`` of ``seed`` at global ``batch``: each shard (access histogram of
+    that batch) with the index of its pool table."""
     pool = synthetic_pool()
     sample = draw_compute_sample(pool, WorkloadScale(64, TRAINED_BATCH), seed, index, tables=TABLES)
     scale = WorkloadScale(64, batch)
-    shards, lookups = [], {}
-    for k, (i, width) in enumerate(zip(sample.table_ids, sample.widths)):
-        spec = table_spec(pool[i], width, scale, name=f"{pool[i].name}_{k}")
-        shards.append(Shard(spec, width))
-        lookups[spec.name] = pool[i].lookups(scale, seed=i)
-    return shards, lookups
+    return [
+        (i, Shard(table_spec(pool[i], width, scale, name=f"{pool[i].name}_{k}"), width))
+        for k, (i, width) in enumerate(zip(sample.table_ids, sample.widths))
+    ]
 
 
 def measure_sample(index: int, seed: int = SEED, trial: int = 0) -> list[dict]:
     """Sample ``index`` of ``seed`` measured at every batch, one row each."""
-    rows = []
+    pool, rows = synthetic_pool(), []
     for batch in BATCHES:
-        shards, lookups = sample_shards(index, batch, seed)
-        m = measure_compute(shards, lookups, torch.device("cpu"), num_threads=1)  # the collector's protocol
-        rows.append({"sample": index, "trial": trial, "batch_size": batch, "tables": len(shards), "measured_ms": m.total_ms})
+        drawn = sample_shards(index, batch, seed)
+        lookups = {s.table.name: pool[i].lookups(WorkloadScale(64, batch), seed=i) for i, s in drawn}
+        m = measure_compute([s for _, s in drawn], lookups, torch.device("cpu"), num_threads=1)  # the collector's protocol
+        rows.append({"sample": index, "trial": trial, "batch_size": batch, "tables": len(drawn), "measured_ms": m.total_ms})
     return rows
 
 
 def anchors() -> list[dict]:
     """Per batch of ``BATCHES``, the first ``ANCHORS`` training kernels of the batch-varied
     files measured within 1.25x of it, with their stored ms."""
+    training = [(name, r) for name in TRAINING for r in read_rows(DATA_DIR / name)]
     found = []
     for batch in BATCHES:
-        near = [(name, r) for name in TRAINING for r in read_rows(DATA_DIR / name) if batch / 1.25 <= r["batch_size"] <= batch * 1.25]
+        near = [(name, r) for name, r in training if batch / 1.25 <= r["batch_size"] <= batch * 1.25]
         found += [
             {"anchor": name, "group": r["group"], "batch_size": r["batch_size"], "near": batch, "stored_ms": r["fwd_ms"] + r["bwd_ms"]}
             for name, r in near[:ANCHORS]
@@ -113,7 +113,7 @@ def predictions(model: NeuralCostModel, rows: list[dict]) -> tuple[list[float], 
     ``TRAINED_BATCH`` scaled linearly to the row's batch."""
     at_batch, linear = [], []
     for r in rows:
-        shards = sample_shards(r["sample"], r["batch_size"])[0]
+        shards = [s for _, s in sample_shards(r["sample"], r["batch_size"])]
         at_batch.append(sum(model.with_batch_size(r["batch_size"]).compute_cost([shards])[0]))
         trained = sum(model.with_batch_size(TRAINED_BATCH).compute_cost([shards])[0])
         linear.append(trained * r["batch_size"] / TRAINED_BATCH)
@@ -162,11 +162,12 @@ def collect(path: Path, samples: int, trials: int = 1, seed: int = SEED) -> list
     torch.set_num_threads(1)
     rows = read_rows(path)
     done = {(r.get("anchor"), r.get("group", r.get("sample")), r.get("near"), r.get("trial", 0)) for r in rows}
+    training = anchors()
     for trial in range(trials):
         todo = [i for i in range(samples) if (None, i, None, trial) not in done]
         for index in tqdm(todo, desc=f"samples, trial {trial}"):
             append_rows(path, measure_sample(index, seed, trial))
-        todo = [a for a in anchors() if (a["anchor"], a["group"], a["near"], trial) not in done]
+        todo = [a for a in training if (a["anchor"], a["group"], a["near"], trial) not in done]
         append_rows(path, [measure_anchor(a, trial) for a in tqdm(todo, desc=f"training kernels, trial {trial}")])
     return read_rows(path)
 
