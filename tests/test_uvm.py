@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.models import two_tower
+from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
 from torchrec_neuroshard.kernels import ComputeKernel
 from torchrec_neuroshard.offload import KernelOption, choose_kernels, kernel_options, ladder
 from torchrec_neuroshard.tables import ModuleTable
@@ -118,6 +119,21 @@ def test_validate_checks_both_memories_and_kernel_fields() -> None:
         TablePlacement("a", kind=ShardingKind.DATA_PARALLEL, kernel=UVM)
 
 
+def test_placements_made_for_a_table_keep_its_kernel() -> None:
+    """A table the offload sent to host memory stays there when the search splits its rows
+    (the kinds stage) or a heuristic seeds the search with it whole: its placements carry its
+    kernel, so the memory they were chosen by is the memory the plan holds."""
+    cached = replace(_table("a", rows=4_000_000), kernel=CACHING, cache_load_factor=0.05)
+    whole, blocks = TablePlacement("a", (64,), (1,), kernel=CACHING, cache_load_factor=0.05), TablePlacement.row_blocks(cached, (0, 1), ShardingKind.TABLE_ROW_WISE)
+    assert [(p.kernel, p.cache_load_factor) for p in (whole, blocks)] == [(CACHING, 0.05)] * 2
+    fused_bytes = replace(cached, kernel=FUSED, cache_load_factor=None).memory_bytes(64, 2)
+    task = Task((cached, replace(cached, name="b")), 2, fused_bytes // 2, 64, host_memory_cap_bytes=10**10)
+    for name in BASELINES:
+        plan = baseline_plan(name, task)
+        assert {(p.kernel, p.cache_load_factor) for p in plan.placements} == {(CACHING, 0.05)}, name
+        plan.validate(task)  # in HBM the tables would not fit
+
+
 def test_stand_in_price_follows_cache_size_and_access() -> None:
     batch = 65_536
     table = _table(singletons=0.5)
@@ -149,6 +165,29 @@ def test_priced_model_adds_penalties_to_the_base_model() -> None:
     host = [[Shard(replace(_table("a"), kernel=UVM), 64)]]
     extra = STAND_IN.penalty_ms(host[0], 65_536)[0]
     np.testing.assert_allclose(np.subtract(priced.compute_cost(host), base.compute_cost(fused[:1])), [extra], rtol=1e-4)
+
+
+def test_a_plan_is_priced_on_its_placements_kernels_whatever_the_task_names() -> None:
+    """Pricing takes each table on its placement's kernel (as memory does), so TorchRec's plan
+    priced on a task that names our plan's kernels is priced on TorchRec's own."""
+    from torchrec_neuroshard.comm import AlphaBetaComm
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.stepcost import predict_step
+
+    comm = AlphaBetaComm(65_536, intra_host_bw=1e8, inter_host_bw=1e7, local_world_size=2)
+    priced = UvmPricedModel(load_pretrained("h200").with_batch_size(65_536).with_comm(comm), STAND_IN, 65_536)
+    tables = (_table("a"), _table("b", pf=3.0), _table("c", rows=10_000))
+    fused = Task(tables, 2, 10**10, 65_536, host_memory_cap_bytes=10**10)
+    named_cached = replace(fused, tables=tuple(replace(t, kernel=CACHING, cache_load_factor=0.01) for t in tables))
+    plans = [
+        Plan((TablePlacement("a", (64,), (0,)), TablePlacement("b", (32, 32), (0, 1)), TablePlacement.row_blocks(tables[2], (0, 1))), 2),
+        Plan(tuple(TablePlacement.whole(t, d) for t, d in zip(named_cached.tables, (0, 1, 1))), 2),
+    ]
+    for plan in plans:
+        costs = [predict_step(priced, task, plan) for task in (fused, named_cached)]
+        assert costs[0] == costs[1]
+    in_hbm = Plan(tuple(TablePlacement.whole(t, d) for t, d in zip(tables, (0, 1, 1))), 2)
+    assert predict_step(priced, named_cached, plans[1]).cost_ms > predict_step(priced, named_cached, in_hbm).cost_ms
 
 
 def test_the_greedy_sends_cold_tables_to_host_memory_first() -> None:

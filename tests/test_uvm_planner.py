@@ -169,3 +169,38 @@ def test_the_issues_model_of_410_gb_on_8_gpus_of_32_gb() -> None:
             for shard in option.shards:
                 per_rank[shard.rank] += getattr(shard.storage, field)
         assert max(per_rank) <= cap, field
+
+
+def test_our_estimator_inside_torchrecs_planner_prices_each_option_on_its_kernel() -> None:
+    """TorchRec's enumerator offers a table on fused, fused_uvm and fused_uvm_caching: our
+    estimator prices each on its own kernel (the UVM ones with the shipped UVM pricing), not
+    all as fused; a kernel we have no price for is an error naming the table."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    from torchrec_neuroshard.access import uniform_access_histogram
+    from torchrec_neuroshard.comm import AlphaBetaComm
+    from torchrec_neuroshard.costmodel import load_pretrained
+    from torchrec_neuroshard.estimators import NeuralPerfEstimator
+    from torchrec_neuroshard.types import Shard, TableSpec
+    from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
+
+    world, per_rank, rows, dim, pf = 2, 8_192, 1_000_000, 64, 10.0
+    hist = tuple(uniform_access_histogram(rows, pf * per_rank * world))
+    task = Task((TableSpec("x", rows, dim, pf, hist),), world, 10**12, per_rank * world)
+    topo = Topology(world_size=world, compute_device="cuda", hbm_cap=10**9, ddr_cap=10**11, local_world_size=2)
+    model = load_pretrained("h200").with_comm(AlphaBetaComm.from_topology(topo, task.batch_size))
+    kernels = ["fused", "fused_uvm", "fused_uvm_caching"]
+    cons = {"x": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=kernels, pooling_factors=[pf], cache_params=CacheParams(load_factor=0.05))}
+    enumerator = EmbeddingEnumerator(topo, per_rank, cons, estimator=[NeuralPerfEstimator(topo, cons, cost_model=model)])
+    options = {o.compute_kernel: o for o in enumerator.enumerate(module_for_tables(task.tables), SHARDERS)}
+    assert sorted(options) == kernels
+    priced = UvmPricedModel(model.with_batch_size(task.batch_size), UvmPricing.shipped(), task.batch_size)
+    for kernel, factor in [("fused", None), ("fused_uvm", None), ("fused_uvm_caching", 0.05)]:
+        spec = TableSpec("x", rows, dim, pf, hist, kernel=kernel, cache_load_factor=factor)
+        (fwd, bwd), = priced.compute_cost([[Shard(spec, dim)]])
+        perf = options[kernel].shards[0].perf
+        assert (perf.fwd_compute, perf.bwd_compute) == pytest.approx((fwd, bwd), rel=1e-4), kernel
+    assert options["fused_uvm"].shards[0].perf.fwd_compute > options["fused"].shards[0].perf.fwd_compute
+    options["fused"].compute_kernel = "dram_virtual_table"
+    with pytest.raises(ShardingError, match="table 'x': compute kernel 'dram_virtual_table' is not one NeuroShard plans"):
+        NeuralPerfEstimator(topo, cons, cost_model=model).estimate([options["fused"]])

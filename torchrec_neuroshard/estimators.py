@@ -25,12 +25,15 @@ from torchrec.distributed.planner.types import (
     ShardingOption,
     Topology,
 )
+from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
 from torchrec.distributed.types import ShardingType
 
 from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.costmodel import NeuralCostModel, feature_range_warning, load_pretrained
 from torchrec_neuroshard.access import uniform_access_histogram
-from torchrec_neuroshard.types import WIDTH_ALIGNMENT, Shard, ShardingError, ShardingKind, TableSpec
+from torchrec_neuroshard.kernels import ComputeKernel, kernel_of
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Shard, ShardingError, ShardingKind, TableSpec
+from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +48,34 @@ def _sees_all_lookups(sharding_type: str) -> bool:
     return kind.splits_columns
 
 
+def _option_kernel(option: ShardingOption) -> tuple[ComputeKernel, float | None]:
+    """The option's compute kernel and cache load factor as we price them: TorchRec's dense
+    (a data-parallel replica, in HBM) as fused, a UVM cache without ``cache_params`` at
+    TorchRec's default ``UVM_CACHING_RATIO``; a kernel we have no price for is an error."""
+    if option.compute_kernel == "dense":
+        return ComputeKernel.FUSED, None
+    kernel = kernel_of(option.compute_kernel, option.name)
+    factor = option.cache_load_factor if option.cache_load_factor is not None else UVM_CACHING_RATIO
+    return kernel, factor if kernel.cached else None
+
+
 def _shard_spec(option: ShardingOption, rows: int, width: int, batch: int, pooling_scale: float, access_hists: Mapping[str, tuple[float, ...]]) -> Shard:
     pf = float(sum(option.input_lengths)) * pooling_scale
     width = max(WIDTH_ALIGNMENT, -(-width // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT)
     hist = access_hists.get(option.name) or uniform_access_histogram(rows, pf * batch)
-    # the option's weight dtype and kernel kind (an EmbeddingCollection's options are unpooled)
+    kernel, load_factor = _option_kernel(option)
+    # the option's weight dtype, kernel and kind (an EmbeddingCollection's options are unpooled)
     spec = TableSpec(
         option.name, rows, width, pf, tuple(hist), bytes_per_element=option.tensor.element_size(),
-        pooled=option.is_pooled is not False,
+        pooled=option.is_pooled is not False, kernel=kernel, cache_load_factor=load_factor,
     )
     return Shard(spec, width)
+
+
+def _priced(model: CostModel, batch: int) -> CostModel:
+    """``model`` with the UVM kernels' penalties (the shipped UVM pricing) added: a fused
+    shard's price is unchanged, a shard in host memory pays what its kernel adds."""
+    return UvmPricedModel(model, UvmPricing.shipped(), batch)
 
 
 def _option_shards(option: ShardingOption, world: int, batch: int, access_hists: Mapping[str, tuple[float, ...]]) -> list[Shard]:
@@ -82,8 +103,9 @@ def global_batch(per_rank: int, world: int) -> int:
 class NeuralPerfEstimator(ShardEstimator):
     """Fills ``shard.perf`` (ms, finite, >= 0) of every sharding option from the model.
 
-    Compute is the model's fused-kernel cost of the shard alone (tables outside the data
-    the model was trained on: one warning per ``estimate`` names them); comms is the shard's
+    Compute is the model's cost of the shard alone on the option's compute kernel (a UVM
+    kernel's penalty from the shipped UVM pricing; tables outside the data the model was
+    trained on: one warning per ``estimate`` names them); comms is the shard's
     marginal all-to-all cost (the device's cost with the shard's width minus without it,
     the other devices idle). Per-shard numbers cannot see which shards end up together:
     pair with ``NeuralPerfModel`` to rate whole plans.
@@ -115,9 +137,10 @@ class NeuralPerfEstimator(ShardEstimator):
             return
         world = self.topology.world_size
         batch = global_batch(sharding_options[0].batch_size if self.batch_size is None else self.batch_size, world)
-        model = self.model.with_batch_size(batch)
+        base = self.model.with_batch_size(batch)
+        model = _priced(base, batch)
         whole = {o.name: _shard_spec(o, o.tensor.shape[0], o.tensor.shape[1], batch, 1.0, self.access_hists).table for o in sharding_options}
-        outside = feature_range_warning(model, list(whole.values()))
+        outside = feature_range_warning(base, list(whole.values()))
         if outside:
             logger.warning("%s", outside)
         for option in sharding_options:
@@ -144,8 +167,9 @@ class NeuralPerfEstimator(ShardEstimator):
 
 
 class NeuralPerfModel(PerfModel):
-    """Rates a whole plan (ms): per rank, the fused-kernel cost of all its shards plus its
-    all-to-all with every rank's dim sum and compute skew; the max over ranks."""
+    """Rates a whole plan (ms): per rank, the kernel cost of all its shards (each on its
+    option's compute kernel) plus its all-to-all with every rank's dim sum and compute
+    skew; the max over ranks."""
 
     def __init__(
         self,
@@ -166,7 +190,7 @@ class NeuralPerfModel(PerfModel):
         if not plan:
             return 0.0
         batch = global_batch(plan[0].batch_size if self.batch_size is None else self.batch_size, world)
-        model = self.model.with_batch_size(batch)
+        model = _priced(self.model.with_batch_size(batch), batch)
         devices: list[list[Shard]] = [[] for _ in range(world)]
         dims = np.zeros((1, world), dtype=np.float32)
         for option in plan:

@@ -55,7 +55,7 @@ def greedy_plan(task: Task, key: CostKey) -> Plan:
         d = int(lightest[np.argmin(used[lightest])])
         load[d] += key(t)
         used[d] += size
-        placements.append(TablePlacement(t.name, (t.dim,), (d,)))
+        placements.append(TablePlacement.whole(t, d))
     return Plan(tuple(placements), task.num_devices)
 
 
@@ -71,7 +71,7 @@ def random_plan(task: Task, seed: int = 0) -> Plan:
             raise memory_shortfall_error(task, t, [task.memory_cap_bytes - u for u in used])
         d = int(rng.choice(fits))
         used[d] += size
-        placements.append(TablePlacement(t.name, (t.dim,), (d,)))
+        placements.append(TablePlacement.whole(t, d))
     return Plan(tuple(placements), task.num_devices)
 
 

@@ -281,7 +281,7 @@ def _lookup_groups(
     groups: dict[ShardingKind, list[list[Shard]]] = {}
     replicated: list[TableSpec] = []
     for p in plan.placements:
-        table = by_name[p.table]
+        table = p.spec_of(by_name[p.table])  # on the placement's kernel
         if p.kind is ShardingKind.DATA_PARALLEL:
             replicated.append(table)
             continue

@@ -81,12 +81,19 @@ class TablePlacement:
         return TablePlacement(table, kind=ShardingKind.DATA_PARALLEL)
 
     @staticmethod
+    def whole(table: TableSpec, device: int) -> "TablePlacement":
+        """``table`` table-wise on ``device``, on the table's compute kernel."""
+        return TablePlacement(table.name, (table.dim,), (device,), kernel=table.kernel, cache_load_factor=table.cache_load_factor)
+
+    @staticmethod
     def row_blocks(table: TableSpec, devices: Sequence[int], kind: ShardingKind = ShardingKind.ROW_WISE) -> "TablePlacement":
         """``table``'s rows in blocks of ceil(rows / len(devices)) over ``devices`` in order,
-        as TorchRec's row-wise sharding lays them out."""
+        as TorchRec's row-wise sharding lays them out, on the table's compute kernel."""
         block = -(-table.rows // len(devices))
         rows = tuple(max(0, min(block, table.rows - i * block)) for i in range(len(devices)))
-        return TablePlacement(table.name, devices=tuple(devices), kind=kind, rows=rows)
+        return TablePlacement(
+            table.name, devices=tuple(devices), kind=kind, rows=rows, kernel=table.kernel, cache_load_factor=table.cache_load_factor
+        )
 
     def check_fits(self, table: TableSpec, num_devices: int, local_world_size: int) -> None:
         """Raise ``ShardingError`` naming the table and numbers when this placement does not
