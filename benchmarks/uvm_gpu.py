@@ -99,12 +99,11 @@ def predicted_ms(task: Task, plan: Plan) -> list[float]:
     shipped H200 model with the shipped UVM pricing, each table on its placement's kernel."""
     from benchmarks.fullsize import topology_for
     from torchrec_neuroshard.costmodel import cost_model_for
-    from torchrec_neuroshard.lab.evaluate import on_kernels
     from torchrec_neuroshard.search import predicted_breakdown
     from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
     model = UvmPricedModel(cost_model_for(topology_for(task)), UvmPricing.shipped(), task.batch_size)
-    _, per_device = predicted_breakdown(model, on_kernels(task, plan), plan)
+    _, per_device = predicted_breakdown(model, task, plan)
     return [d.fwd_compute + d.bwd_compute for d in per_device]
 
 

@@ -249,13 +249,12 @@ def place(
             room = [d for d in range(world) if host[d] + option.host <= host_cap and hbm[d] + option.hbm <= hbm_cap]
             if room:
                 d = min(room, key=lambda d: (hbm[d] + option.hbm > quota, load[d], hbm[d], d))
-                placement = TablePlacement(spec.name, (spec.dim,), (d,), ShardingKind.TABLE_WISE, (), option.kernel, option.load_factor)
+                placement = TablePlacement.whole(spec, d)
             whole = bool(room)
         if not whole:
             if ShardingKind.ROW_WISE not in allowed[spec.name]:
                 raise InfeasibleError(f"table {spec.name!r} ({option.host:,} bytes on {option.kernel.value}) fits no rank's host memory")
-            blocks = TablePlacement.row_blocks(spec, range(world))
-            placement = replace(blocks, kernel=option.kernel, cache_load_factor=option.load_factor)
+            placement = TablePlacement.row_blocks(spec, range(world))
         one = Plan((placement,), world)
         for d, (h, g) in enumerate(zip(one.device_memory([spec], batch_size), one.device_host_memory([spec], batch_size))):
             hbm[d], host[d] = hbm[d] + h, host[d] + g
