@@ -265,9 +265,16 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         validate_modules_inclusion_in_sharding_plan(sharding_plan, module, list(sharders))
         return sharding_plan
 
-    def _log_table(self, tables: Sequence[ModuleTable], decided: Triage, cap: int) -> None:
-        """NeuroShard's per-rank plan table on TorchRec's planner-stats logger."""
-        result = self.search_result_
+    def _report(self, tables: Sequence[ModuleTable], decided: Triage, cap: int) -> None:
+        """The searched plan's warnings (once per plan, however many proposals were
+        searched), then NeuroShard's per-rank plan table on TorchRec's planner-stats logger."""
+        result, task, model = self.search_result_, self.task_, self._cost_model()
+        # every table the compute net priced (not those triage replicated), a row-wise one as its blocks
+        replicated = {p.table for p in decided.decided if p.kind is ShardingKind.DATA_PARALLEL}
+        outside = feature_range_warning(model, priced_tables([t for t in task.tables if t.name not in replicated], self.plan_))
+        crowded = kernel_size_warning(model, self.plan_.kernel_sizes(task.tables, task.modules))
+        for warning in filter(None, (outside, crowded)):
+            logger.warning("%s", warning)
         table = format_plan_stats(
             self.plan_, [t.spec for t in tables], result.devices, cap, self._global_batch(), dict(decided.reasons),
             memory_kind="HBM" if self.topology.compute_device == "cuda" else "DDR",
@@ -318,14 +325,6 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
                 "planning budget timeout_seconds=%g ran out (%.2f s): the search split no deeper and moved "
                 "no more shards, and the plan is the best it had found by then", self.timeout_seconds, took,
             )  # fmt: skip
-        # every table the compute net priced (not those triage replicated), a row-wise one as its blocks
-        replicated = {p.table for p in decided.decided if p.kind is ShardingKind.DATA_PARALLEL}
-        outside = feature_range_warning(model, priced_tables([t for t in task.tables if t.name not in replicated], result.plan))
-        if outside:
-            logger.warning("%s", outside)
-        crowded = kernel_size_warning(model, result.plan.kernel_sizes(task.tables, task.modules))
-        if crowded:
-            logger.warning("%s", crowded)
         allowed = {t.spec.name: t.allowed for t in decided.searched}
         placements = tuple(
             replace(p, kind=ShardingKind.TABLE_COLUMN_WISE)

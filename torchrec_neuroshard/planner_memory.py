@@ -60,7 +60,7 @@ class MemoryPlanning:
         if self.plan_.offloaded():
             logger.info("UVM kernels priced by the shipped UVM pricing, %s", UvmPricing.shipped().source)
         if self.search_result_ is not None:
-            self._log_table(tables, decided, cap)
+            self._report(tables, decided, cap)
 
     def _plan_tables(
         self, tables: Sequence[ModuleTable], attempt: Offload, cap: int, host_cap: int | None, start: float, quick: bool = False
