@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 REQUIREMENTS ?= requirements-cpu.txt
 TORCHREC_VERSION ?= 1.8.0
+# the release beside fbgemm-gpu 1.6 (the lent GPUs' stack: benchmarks/gpu/bundle.py), unpacked
+# beside the venv for tests/test_oldest_torchrec.py
+TORCHREC_OLDEST ?= 1.6.1
 BIN := $(VENV)/bin
 NPROC ?= 2
 
@@ -17,6 +20,8 @@ $(VENV)/.installed: $(REQUIREMENTS) setup.py
 	$(BIN)/python -m pip install --quiet -r $(REQUIREMENTS)
 	$(BIN)/python -m pip install --quiet --no-deps torchrec==$(TORCHREC_VERSION)
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/wheels torchrec==$(TORCHREC_OLDEST)
+	$(BIN)/python -m zipfile -e $(VENV)/wheels/torchrec-$(TORCHREC_OLDEST)-*.whl $(VENV)/torchrec-$(TORCHREC_OLDEST)
 	touch $@
 
 test: venv

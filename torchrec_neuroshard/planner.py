@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner.constants import BATCH_SIZE
-from torchrec.distributed.planner.planners import to_sharding_plan, validate_modules_inclusion_in_sharding_plan
+from torchrec.distributed.planner.planners import to_sharding_plan
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
     PlanLoader,
@@ -41,6 +41,7 @@ from torchrec_neuroshard.planner_args import (
     apply_callbacks,
     check_callbacks,
     check_constraints,
+    check_modules_planned,
     check_plan_loader,
     check_table_constraints,
     check_timeout,
@@ -261,8 +262,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
                 self._stats, self, self._reserved_by, sharders, sharding_plan, options, enumerator,
                 result.states_evaluated if result is not None else 0, time.perf_counter() - start,
             )  # fmt: skip
-        # TorchRec's own check: no module a sharder shards may be missing from the plan
-        validate_modules_inclusion_in_sharding_plan(sharding_plan, module, list(sharders))
+        check_modules_planned(sharding_plan, module, sharders)
         return sharding_plan
 
     def _report(self, tables: Sequence[ModuleTable], decided: Triage, cap: int) -> None:

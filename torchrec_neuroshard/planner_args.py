@@ -17,7 +17,7 @@ from torchrec.distributed.planner.types import (
     StorageReservation,
     Topology,
 )
-from torchrec.distributed.types import ModuleSharder
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_neuroshard.tables import ModuleTable
 from torchrec_neuroshard.types import ShardingError
@@ -161,6 +161,17 @@ def load_plan(
     options = extract_plan(search_space=search_space, loaded_sharding_options=loaded)
     logger.info("plan loaded by plan_loader (plan id %r): no new plan searched", _plan_id(loader))
     return copy.deepcopy(options) if options else None
+
+
+def check_modules_planned(plan: ShardingPlan, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> None:
+    """TorchRec's own check that no module a sharder shards is missing from ``plan``
+    (TorchRec 1.7 on; TorchRec 1.6, the release beside fbgemm-gpu 1.6, has none, nor does
+    its planner)."""
+    try:
+        from torchrec.distributed.planner.planners import validate_modules_inclusion_in_sharding_plan
+    except ImportError:
+        return
+    validate_modules_inclusion_in_sharding_plan(plan, module, list(sharders))
 
 
 def portable(error: Exception) -> Exception:

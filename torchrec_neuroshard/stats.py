@@ -87,7 +87,6 @@ def torchrec_sharding_options(
     ``batch_size`` is the per-rank batch, as TorchRec's planner takes it.
     """
     from torchrec.distributed.planner.types import Perf, Shard as TorchRecShard
-    from torchrec.distributed.planner.utils import build_sharder_data_map, sharder_name
 
     shapes = module_shapes(module, sharders, topology.compute_device)
     keys = {(t.path, t.name): t.key for t in shapes}
@@ -122,8 +121,7 @@ def torchrec_sharding_options(
         )
         option.shards = [TorchRecShard(size, offset, perf=perf(p.table, d), rank=d) for (size, offset), d in zip(boxes, p.devices)]
     options = [chosen[p.table] for p in plan.placements]
-    sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
-    EmbeddingStorageEstimator(topology, cons).estimate(options, sharder_data)
+    enumerator.populate_estimates(options)  # its storage estimator, as TorchRec's planner calls it
     return options, enumerator
 
 

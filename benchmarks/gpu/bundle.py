@@ -11,11 +11,13 @@ other architectures, every entry of the inference, VBE and GWD libraries, and th
 library's entries for other optimizers (their kernels are named after the optimizer). The
 entries' headers stay, so the libraries load; CUDA loads a module only when one of its
 kernels first runs (``CUDA_MODULE_LOADING=LAZY``, which ``run.sh`` sets), and the zeros
-xz away. torchrec 1.6.1 (the release beside fbgemm-gpu 1.6; torchrec 1.8 imports
-``fbgemm_gpu.tbe.monitoring``, which 1.6 lacks) and its pure-Python needs that the machine
-lacks travel as wheels: the lab's measuring code runs there, but the planner imports a
-TorchRec 1.8 function that 1.6.1 lacks (``validate_modules_inclusion_in_sharding_plan``), so
-tests/test_uvm_dmp_gpu.py could not run on that machine (seen 2026-11-27).
+xz away. torchrec 1.6.1 (the release beside fbgemm-gpu 1.6; torchrec 1.7 and 1.8 import
+``fbgemm_gpu.tbe.monitoring``, which 1.6 lacks), the pure-Python packages it and the planner
+need that the machine may lack (threadpoolctl among them) and pytest travel as wheels. The
+lab's measuring code and the planner run on torchrec 1.6.1 (the planner's TorchRec calls
+are those 1.6 has), so the GPU tests run there too::
+
+    bash benchmarks/gpu/run.sh python3 -m pytest -q tests/test_uvm_dmp_gpu.py
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from pathlib import Path
 
 OUT = Path(".gpu")
 FBGEMM = "fbgemm-gpu==1.6.0"
-WHEELS = ("torchrec==1.6.1", "tensordict==0.15.3", "iopath==0.1.9", "pyvers==0.2.3")
+WHEELS = (
+    "torchrec==1.6.1", "tensordict==0.15.3", "iopath==0.1.9", "pyvers==0.2.3",
+    "threadpoolctl==3.8.0", "pytest==9.2.0", "pluggy==1.7.0", "iniconfig==2.3.1", "packaging==26.4", "pygments==2.21.0",
+)  # fmt: skip
 SM = 90
 FATBIN_MAGIC = 0xBA55ED50
 ZSTD_MAGIC = b"(\xb5/\xfd"
