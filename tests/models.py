@@ -317,3 +317,19 @@ def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str, plan_d
         errors[k] = float((got[k] - w).abs().max())
     types = {name: ps.sharding_type for mp in plan.plan.values() for name, ps in mp.items()}
     return {"paths": sorted(plan.plan), "errors": errors, "types": types}
+
+
+def meta_ebc(names_dims: list[tuple[str, int, int]]) -> nn.Module:
+    """An EBC on the meta device of (name, dim, rows) tables, each its own feature ``f_<name>``."""
+    return EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"]) for n, d, r in names_dims],
+        device=torch.device("meta"),
+    )
+
+
+class TwoEBCs(nn.Module):
+    """Two modules side by side, at attributes ``first`` and ``second``."""
+
+    def __init__(self, first: nn.Module, second: nn.Module) -> None:
+        super().__init__()
+        self.first, self.second = first, second

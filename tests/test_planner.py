@@ -7,7 +7,7 @@ import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints, Topology
 
-from tests.models import plan_shard_and_compare, row_wise_cpu_sharder, two_tower
+from tests.models import TwoEBCs, meta_ebc, plan_shard_and_compare, row_wise_cpu_sharder, two_tower
 from torchrec_neuroshard.lab.launch import spawn
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
@@ -186,22 +186,6 @@ def test_shard_model_helper_returns_a_working_dmp() -> None:
     assert spawn(shard_with_helper, 2) == [["f_a0", "f_a1", "f_b0", "f_b1"]] * 2
 
 
-def _ebc(names_dims: list[tuple[str, int, int]]) -> torch.nn.Module:
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    return EmbeddingBagCollection(
-        tables=[EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[f"f_{n}"]) for n, d, r in names_dims],
-        device=torch.device("meta"),
-    )
-
-
-class _TwoEBCs(torch.nn.Module):
-    def __init__(self, first: torch.nn.Module, second: torch.nn.Module) -> None:
-        super().__init__()
-        self.first, self.second = first, second
-
-
 def test_decisions_do_not_depend_on_table_or_module_order() -> None:
     # "big" is larger than a rank (row-wised), "rep" may only be replicated, the rest searched
     user = [("big", 16, 8000), ("rep", 8, 50), ("u1", 64, 400), ("u2", 32, 300)]
@@ -210,7 +194,7 @@ def test_decisions_do_not_depend_on_table_or_module_order() -> None:
     decisions = []
     for tables_a, tables_b in [(user, item), (item[::-1], user[::-1]), (user[::-1], item)]:
         planner = NeuroShardPlanner(topology(2, 500_000), batch_size=64, constraints=cons, storage_reservation=0.0)
-        planner.plan(_TwoEBCs(_ebc(tables_a), _ebc(tables_b)), ROW_WISE_SHARDERS)
+        planner.plan(TwoEBCs(meta_ebc(tables_a), meta_ebc(tables_b)), ROW_WISE_SHARDERS)
         decisions.append({p.table: p for p in planner.plan_.placements})
     assert decisions[0] == decisions[1] == decisions[2]
     assert decisions[0]["big"].kind.value == "row_wise" and decisions[0]["rep"].kind.value == "data_parallel"
@@ -220,7 +204,7 @@ def test_each_sharded_module_is_a_module_of_the_task_it_searches() -> None:
     user = [("u1", 64, 400), ("u2", 32, 300)]
     item = [("i1", 128, 200), ("i2", 16, 200), ("i3", 64, 100)]
     planner = NeuroShardPlanner(topology(2, 500_000), batch_size=64, storage_reservation=0.0)
-    planner.plan(_TwoEBCs(_ebc(user), _ebc(item)), SHARDERS)
+    planner.plan(TwoEBCs(meta_ebc(user), meta_ebc(item)), SHARDERS)
     assert planner.task_.modules == (("u1", "u2"), ("i1", "i2", "i3"))
 
 
@@ -236,7 +220,7 @@ def test_batch_size_is_the_per_rank_batch_as_in_torchrecs_planner() -> None:
     from torchrec_neuroshard.types import Shard
 
     per_rank, world = 256, 4
-    model = _ebc([("x", 32, 5000), ("y", 16, 2000)])
+    model = meta_ebc([("x", 32, 5000), ("y", 16, 2000)])
     cons = {"x": ParameterConstraints(sharding_types=["table_wise"], pooling_factors=[8.0]), "y": ParameterConstraints(pooling_factors=[2.0])}
     ours = NeuroShardPlanner(topology(world), batch_size=per_rank, constraints=cons)
     ours.plan(model, SHARDERS)
@@ -386,77 +370,6 @@ def test_a_tiny_hot_table_is_replicated_and_the_plan_runs_under_dmp(caplog) -> N
     assert {k.value for k in kinds.values()} > {"data_parallel"}  # not everything replicated
     for r in spawn(shard_and_compare, 2, planner.plan_.to_dict()):
         assert r["max_err"] < 1e-5
-
-
-def test_our_estimator_inside_torchrecs_planner_names_the_tables_outside_the_training_data(caplog) -> None:
-    """One warning per estimate, naming the 16-row table read 40 times per sample (each of
-    its rows in the 8,192-16,384 accesses bin) and not the table inside the training data."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-
-    from torchrec_neuroshard.estimators import NeuralPerfEstimator
-
-    model = _ebc([("tiny", 128, 16), ("x", 32, 50_000)])
-    cons = {"tiny": ParameterConstraints(pooling_factors=[40.0]), "x": ParameterConstraints(pooling_factors=[2.0])}
-    topo = topology(2)
-    enumerator = EmbeddingEnumerator(topology=topo, batch_size=2048, constraints=cons, estimator=[NeuralPerfEstimator(topo, cons)])
-    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.estimators"):
-        enumerator.enumerate(model, SHARDERS)
-    warned = [r.getMessage() for r in caplog.records if r.name == "torchrec_neuroshard.estimators"]
-    assert len(warned) == 1, warned
-    assert warned[0].startswith("1 table(s) lie outside the data the compute model was trained on ('tiny': log_rows 2.773")
-
-
-def test_a_row_wise_table_whose_blocks_lie_outside_the_training_data_is_named_in_the_one_warning(caplog) -> None:
-    """'rw' (1,000 rows) lies inside the CPU model's training data whole, but row-wise over
-    2 ranks its 500-row blocks, what the compute net prices, lie 1.2 standard deviations
-    below the smallest trained table: the plan's one warning names it by its blocks."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    from torchrec_neuroshard.costmodel import load_pretrained
-    from torchrec_neuroshard.stepcost import priced_tables
-
-    module = EmbeddingBagCollection(
-        tables=[
-            EmbeddingBagConfig(name="rw", embedding_dim=32, num_embeddings=1000, feature_names=["f_rw"]),
-            EmbeddingBagConfig(name="x", embedding_dim=32, num_embeddings=20_000, feature_names=["f_x"]),
-        ],
-        device=torch.device("meta"),
-    )
-    cons = {"rw": ParameterConstraints(sharding_types=["row_wise"], pooling_factors=[2.0]), "x": ParameterConstraints(pooling_factors=[4.0])}
-    planner = NeuroShardPlanner(topology(), batch_size=512, constraints=cons)
-    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard"):
-        planner.plan(module, ROW_WISE_SHARDERS)
-    assert planner.plan_.kinds()["rw"].value == "row_wise"
-    model, tables = load_pretrained("cpu"), planner.task_.tables
-    assert model.out_of_range(tables) == {}  # whole, both tables lie inside
-    blocks = [t for t in priced_tables(tables, planner.plan_) if t.name == "rw"]
-    assert [(b.rows, b.pooling_factor) for b in blocks] == [(500, 1.0), (500, 1.0)]
-    warned = [r.getMessage() for r in caplog.records if "outside the data the compute model was trained on" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].startswith("1 table(s) lie outside") and "'rw': log_rows 6.215 (trained 7.206..12.63)" in warned[0]
-
-
-def test_the_kernel_size_warning_counts_each_modules_kernels_apart(caplog) -> None:
-    from torchrec_neuroshard.costmodel import load_pretrained
-
-    trained = load_pretrained("cpu").meta["max_tables_per_kernel"]
-    tables = [(f"t{i}", 8, 100) for i in range(2 * trained + 2)]  # one more than trained per rank
-
-    def warned(model: torch.nn.Module) -> str:
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard.planner"):
-            planner = NeuroShardPlanner(topology(2, 500_000), batch_size=64, storage_reservation=0.0)
-            planner.plan(model, SHARDERS)
-        sizes = planner.plan_.kernel_sizes(planner.task_.tables, planner.task_.modules)
-        assert sum(sizes.values()) == len(tables)  # every table in one kernel
-        return caplog.text
-
-    # two EBCs: four kernels of about trained / 2 shards, each inside the trained size
-    half = len(tables) // 2
-    assert "fuses" not in warned(_TwoEBCs(_ebc(tables[:half]), _ebc(tables[half:])))
-    # one EBC: some rank's one kernel holds more than the model ever saw, and it is named
-    text = warned(_ebc(tables))
-    assert "module 0, table_wise fuses" in text and f"at most {trained} tables" in text
 
 
 def test_a_sharding_type_we_do_not_plan_is_refused_as_ours_not_the_sharders() -> None:
