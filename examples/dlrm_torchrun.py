@@ -127,7 +127,7 @@ def make_batches(task: Task, rank: int, world: int, count: int, device: torch.de
     return batches
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--planner", default="neuroshard", help=f"comma-separated, from {list(PLANNERS)}")
     p.add_argument("--tables", type=int, default=16, help="tables drawn from the synthetic pool")
@@ -139,20 +139,14 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    names = args.planner.split(",")
-    for n in names:
+    for n in args.planner.split(","):
         if n not in PLANNERS:
             p.error(f"unknown planner {n!r}; choose from {list(PLANNERS)}")
+    return args
 
-    rank, world, device = init_from_env()
-    torch.set_num_threads(1)
-    # NeuroShard's per-rank plan table (predicted ms, memory, shards) from rank 0 only;
-    # TorchRec's own planner logs are kept to errors.
-    logging.basicConfig(level=logging.ERROR, format="%(message)s")
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
-    logging.getLogger("torchrec_neuroshard").setLevel(logging.INFO if rank == 0 else logging.ERROR)
-    task = build_task(args, world)
-    sharders = [EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.01})]
+
+def sharded_runs(names: list[str], task: Task, sharders: list, device: torch.device) -> dict[str, tuple]:
+    """Per planner: (DMP model, dense optimizer, plan, planning seconds, step times to fill)."""
     runs = {}
     for name in names:
         model = make_model(task, device)
@@ -165,9 +159,13 @@ def main() -> None:
             lambda params: torch.optim.SGD(params, lr=0.01),
         )
         runs[name] = (dmp, dense, plan, planning_s, [])
-    batches = make_batches(task, rank, world, 4, device, args.seed)
-    for step in range(args.warmup + args.steps):
-        for name, (dmp, opt, _, _, times) in runs.items():
+    return runs
+
+
+def train_interleaved(runs: dict[str, tuple], batches: list[Batch], warmup: int, steps: int, device: torch.device) -> None:
+    """One training step of each planner's model in turn (A B A B ...), each timed after ``warmup``."""
+    for step in range(warmup + steps):
+        for dmp, opt, _, _, times in runs.values():
             batch = batches[step % len(batches)]
             dist.barrier()
             t0 = time.perf_counter()
@@ -177,27 +175,49 @@ def main() -> None:
             opt.step()
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            if step >= args.warmup:
+            if step >= warmup:
                 times.append(time.perf_counter() - t0)
+
+
+def print_report(runs: dict[str, tuple], task: Task, args: argparse.Namespace, device: torch.device) -> None:
+    """Every rank's median samples/s (and interquartile range) per planner, printed on rank 0 with the plans."""
     report = {
         name: (statistics.median(t), statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3)
         for name, (_, _, _, _, t) in runs.items()
     }
+    world = dist.get_world_size()
     gathered = [None] * world
     dist.all_gather_object(gathered, report)
-    if rank == 0:
-        print(f"DLRM, {len(task.tables)} tables x dim {args.dim}, global batch {task.batch_size}, "
-              f"{world} ranks ({device.type}, {dist.get_backend()}), {args.steps} timed steps interleaved")
-        for name, (_, _, plan, planning_s, _) in runs.items():
-            print(f"\n== {name} plan (planned in {planning_s:.2f} s) ==")
-            print(from_torchrec(plan, world).describe())
-        print("\nplanner        " + "  ".join(f"rank{r} samples/s (IQR)" for r in range(world)))
-        for name in runs:
-            cells = []
-            for r in range(world):
-                med, q = gathered[r][name]
-                cells.append(f"{task.batch_size / med:10.0f} ({task.batch_size / q[2]:.0f}-{task.batch_size / q[0]:.0f})")
-            print(f"{name:<14} " + "  ".join(cells))
+    if dist.get_rank() != 0:
+        return
+    print(f"DLRM, {len(task.tables)} tables x dim {args.dim}, global batch {task.batch_size}, "
+          f"{world} ranks ({device.type}, {dist.get_backend()}), {args.steps} timed steps interleaved")
+    for name, (_, _, plan, planning_s, _) in runs.items():
+        print(f"\n== {name} plan (planned in {planning_s:.2f} s) ==")
+        print(from_torchrec(plan, world).describe())
+    print("\nplanner        " + "  ".join(f"rank{r} samples/s (IQR)" for r in range(world)))
+    for name in runs:
+        cells = []
+        for r in range(world):
+            med, q = gathered[r][name]
+            cells.append(f"{task.batch_size / med:10.0f} ({task.batch_size / q[2]:.0f}-{task.batch_size / q[0]:.0f})")
+        print(f"{name:<14} " + "  ".join(cells))
+
+
+def main() -> None:
+    args = parse_args()
+    rank, world, device = init_from_env()
+    torch.set_num_threads(1)
+    # NeuroShard's per-rank plan table (predicted ms, memory, shards) from rank 0 only;
+    # TorchRec's own planner logs are kept to errors.
+    logging.basicConfig(level=logging.ERROR, format="%(message)s")
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger("torchrec_neuroshard").setLevel(logging.INFO if rank == 0 else logging.ERROR)
+    task = build_task(args, world)
+    sharders = [EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.01})]
+    runs = sharded_runs(args.planner.split(","), task, sharders, device)
+    train_interleaved(runs, make_batches(task, rank, world, 4, device, args.seed), args.warmup, args.steps, device)
+    print_report(runs, task, args, device)
     # Free the sharded models (and their communication state) on every rank before the
     # group goes away; tearing gloo down under live DMP modules can abort at exit.
     runs.clear()

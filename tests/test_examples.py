@@ -36,3 +36,15 @@ def test_our_estimator_inside_torchrecs_planner_does_not_replicate_every_table()
     out = _run(sys.executable, "examples/estimator_in_torchrec.py")
     kinds = re.findall(r"^t\d\s+\|\s+(\w+)\s+\|", out, re.M)
     assert len(kinds) == 4 and set(kinds) != {"data_parallel"}, out
+
+
+@pytest.mark.dmp
+def test_the_demo_trains_dlrm_under_each_planners_plan_on_two_gloo_ranks() -> None:
+    """``make demo``'s example, with fewer steps: both planners' plans hold all 16 tables and
+    each planner gets a samples/s figure on each rank."""
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    out = _run(torchrun, "--standalone", "--nproc_per_node", "2", "examples/dlrm_torchrun.py", "--planner", "neuroshard,torchrec", "--steps", "2", "--warmup", "1")
+    for name in ("neuroshard", "torchrec"):
+        plan = out.split(f"== {name} plan")[1].split("\n\n")[0]
+        assert len(re.findall(r"\bt\d+\[64\]", plan)) == 16, plan
+        assert re.search(rf"^{name}\s+\d+ \(\d+-\d+\)\s+\d+ \(\d+-\d+\)$", out, re.M), out
