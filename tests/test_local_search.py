@@ -36,6 +36,30 @@ def test_two_device_cost_is_the_full_embedding_cost(h200, world) -> None:
     np.testing.assert_allclose(fast, full, rtol=1e-6)
 
 
+@pytest.mark.parametrize("world", [2, 8])
+def test_two_device_cost_on_the_neural_comm_is_exact_where_no_forward_moves(world) -> None:
+    """The neural comm's skews enter beyond the forward's wait, so the screen prices the
+    rest of its comm at the skews as they stand: exact for candidates that leave every
+    device's forward where it is (dims and backward still change), and still a finite
+    price of the right scale for those that move it."""
+    model = load_pretrained("cpu")
+    rng = np.random.default_rng(world)
+    base = rng.random((world, 2)) * 10  # [D, 2]
+    now = local_search._Devices(None, rng.integers(100, 900, world).astype(float), None, None, None, base, None, 0.0)
+    n, worst = 500, 0
+    dst = rng.choice(np.arange(1, world), n)
+    new_worst, new_dst = base[[worst] * n].copy(), base[dst].copy()
+    new_worst[:, 1], new_dst[:, 1] = rng.random(n) * 10, rng.random(n) * 10
+    moved = rng.choice([-64.0, -8.0, 0.0, 16.0, 32.0], n)
+    fast = local_search._two_device_cost(model, now, worst, dst, new_worst, new_dst, moved)
+    full = local_search._embedding_cost(model, now, worst, dst, new_worst, new_dst, moved)
+    np.testing.assert_allclose(fast, full, rtol=1e-5)
+    new_worst[:, 0] = rng.random(n) * 10  # the forward moves too: an estimate
+    fast = local_search._two_device_cost(model, now, worst, dst, new_worst, new_dst, moved)
+    full = local_search._embedding_cost(model, now, worst, dst, new_worst, new_dst, moved)
+    assert np.isfinite(fast).all() and np.median(np.abs(fast / full - 1)) < 0.02
+
+
 def test_lifted_rows_price_as_the_net_does() -> None:
     """Applying the head's first layer per shard before pooling gives the net's own costs."""
     model = load_pretrained("cpu")

@@ -11,9 +11,10 @@ exactly (two devices' kernels, then every device's all-to-all) is what planning 
 to. So when the candidates outnumber ``shortlist``, each is first estimated separably: a
 device's kernel after losing shard i and gaining shard j is priced as its kernel now plus
 what losing i alone and gaining j alone each change, 4 evaluations per shard instead of
-2 per pair, and every device's comm priced for the estimate (in O(candidates) where the
-comm model's forward only adds the wait for the latest device: ``_two_device_cost``); the
-``shortlist`` best estimates are then priced exactly.
+2 per pair, and every device's comm priced for the estimate in O(candidates)
+(``_two_device_cost``: exact where the comm model's forward only adds the wait for the
+latest device, as the alpha-beta stand-in's does; the neural comm's other dependence on
+the skews is taken as it stands); the ``shortlist`` best estimates are then priced exactly.
 """
 
 from __future__ import annotations
@@ -140,10 +141,9 @@ def _estimate(
     model: CostModel, keys: Keys, key_of: np.ndarray, dev: np.ndarray, now: _Devices, worst: int, cheap: np.ndarray, cand: np.ndarray
 ) -> np.ndarray:
     """[n] each candidate's embedding cost, its two devices' kernels estimated separably
-    (see the module docstring), every device's comm priced as ``_exact`` prices it."""
+    (see the module docstring), every device's comm priced by ``_two_device_cost``."""
     new_worst, new_dst, delta_w = _separable(model, keys, key_of, dev, now, worst, cheap, cand)
-    fast = _two_device_cost(model, now, worst, cand[:, 1], new_worst, new_dst, delta_w)
-    return fast if fast is not None else _embedding_cost(model, now, worst, cand[:, 1], new_worst, new_dst, delta_w)
+    return _two_device_cost(model, now, worst, cand[:, 1], new_worst, new_dst, delta_w)
 
 
 def _separable(model: CostModel, keys: Keys, key_of: np.ndarray, dev: np.ndarray, now: _Devices, worst: int, cheap: np.ndarray, cand: np.ndarray):
@@ -198,22 +198,21 @@ def _embedding_cost(
 
 def _two_device_cost(
     model: CostModel, now: _Devices, worst: int, dst: np.ndarray, new_worst: np.ndarray, new_dst: np.ndarray, delta_w: np.ndarray
-) -> np.ndarray | None:
-    """[n] ``_embedding_cost`` in O(n + G D) for a model whose comm is a wait-free cost plus
-    the forward's wait for the latest device (``CostModel.wait_free_comm``; None for one
-    whose is not). A device's total is then the latest forward + its backward + its
+) -> np.ndarray:
+    """[n] ``_embedding_cost`` in O(n + G D), comm as a wait-free cost plus the forward's wait
+    for the latest device. A device's total is then the latest forward + its backward + its
     wait-free comm, so a candidate costs the latest forward plus the largest backward +
     comm of its two devices and the others'; comm is priced once for each of the G
-    distinct (destination, columns moved)."""
-    if model.wait_free_comm(now.dims[None]) is None:  # decided before the grouping, not after it
-        return None
+    distinct (destination, columns moved). Exact for a model whose comm has that form
+    (``CostModel.wait_free_comm``); for one whose skews enter otherwise (the neural comm),
+    the rest of the comm is priced at the skews as they stand (``_comm_without_wait``)."""
     span = 2 * int(np.abs(delta_w).max()) + 1  # columns moved are whole numbers
     codes, inverse = np.unique(dst * span + (delta_w.astype(np.int64) + span // 2), return_inverse=True)  # [G], [n]
     g_dst, g_moved, rows = codes // span, codes % span - span // 2, np.arange(len(codes))
     dims = np.repeat(now.dims[None], len(rows), 0)  # [G, D]
     dims[:, worst] -= g_moved
     dims[rows, g_dst] += g_moved
-    comm = model.wait_free_comm(dims).sum(2)  # [G, D]
+    comm = _comm_without_wait(model, dims, now.base[:, 0]).sum(2)  # [G, D]
     late = now.base[None, :, 1] + comm  # [G, D] backward + comm
     late[:, worst] = -np.inf
     late[rows, g_dst] = -np.inf
@@ -223,6 +222,19 @@ def _two_device_cost(
     order = np.argsort(fwd)[::-1]  # the latest forward first
     others = np.where(dst == order[0], np.append(fwd[order], -np.inf)[1], fwd[order[0]])  # [n] untouched devices' latest
     return np.maximum(np.maximum(new_worst[:, 0], new_dst[:, 0]), others) + back
+
+
+def _comm_without_wait(model: CostModel, dims: np.ndarray, fwd: np.ndarray) -> np.ndarray:
+    """(forward, backward) comm [G, D, 2] of G plans of dim sums ``dims`` [G, D] without the
+    forward's wait for the latest device: the model's wait-free comm where it has one, else
+    its comm at the skews of the forward times ``fwd`` [D] with that wait taken off."""
+    free = model.wait_free_comm(dims)
+    if free is not None:
+        return free
+    skews = np.broadcast_to(fwd - fwd.min(), dims.shape)  # [G, D]
+    comm = np.array(model.comm_cost_array(dims, skews), dtype=np.float64)
+    comm[:, :, 0] -= skews.max(1, keepdims=True) - skews  # the comm model's forward includes the wait
+    return comm
 
 
 def _exact(
