@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import time
 from collections import Counter
@@ -156,18 +157,20 @@ def _plan_rows(task: Task, plans: dict[str, Plan], lookups: dict, rounds: int) -
 
 def measure_all(num_devices: int, rounds: int, lookups: dict) -> None:
     """Time every device of every plan of the D-device task; rows appended to ``MEASURED``,
-    a device already there skipped (re-run to resume)."""
+    each with the digest of the plans it timed (``plans_sha``), a device already there for
+    these plans skipped (re-run to resume; re-planned, every device is timed again)."""
     saved = json.loads((PLANS_DIR / f"plans_D{num_devices}.json").read_text())
     task = Task.from_json(json.dumps(saved["task"]))
     plans = {name: Plan.from_dict(p) for name, p in saved["plans"].items()}
+    sha = hashlib.sha1(json.dumps(saved["plans"], sort_keys=True).encode()).hexdigest()[:12]
     groups = {name: lookup_groups(task, plan, [[t.name for t in task.tables]])[0] for name, plan in plans.items()}
-    done = {r["device"] for r in read_rows(MEASURED) if r["devices"] == num_devices}
+    done = {r["device"] for r in read_rows(MEASURED) if r["devices"] == num_devices and r.get("plans_sha") == sha}
     if "all" not in done:
-        append_rows(MEASURED, list(_plan_rows(task, plans, lookups, rounds)))
+        append_rows(MEASURED, [{**row, "plans_sha": sha} for row in _plan_rows(task, plans, lookups, rounds)])
     for d in tqdm(range(num_devices), desc=f"D={num_devices} devices"):
         if d in done:
             continue
-        append_rows(MEASURED, [{"devices": num_devices, "device": d, "planner": name,
+        append_rows(MEASURED, [{"devices": num_devices, "device": d, "planner": name, "plans_sha": sha,
                                 "fwd_ms": [t[0] for t in times], "bwd_ms": [t[1] for t in times]}
                                for name, times in _device_rounds(task, groups, lookups, d, rounds).items()])  # fmt: skip
 

@@ -2,8 +2,9 @@
 
     python -m benchmarks.scale report
 
-Reads ``results/scale_planned.jsonl.gz`` and ``results/scale_measured.jsonl.gz`` (the last row of
-each planner and D wins) and writes ``results/scale.md``.
+Reads ``results/scale_planned.jsonl.gz`` (the last row of each planner and D wins) and
+``results/scale_measured.jsonl.gz`` (the rows of the plans measured last at each D) and
+writes ``results/scale.md``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,11 @@ class Measured:
 
 
 def measured(rows: list[dict], devices: int, planner: str) -> Measured | None:
-    mine = {r["device"]: r for r in rows if r["devices"] == devices and r["planner"] == planner}
+    """The plan's measurement of its last-measured plans (``plans_sha``), None unless every device has one."""
+    ours = [r for r in rows if r["devices"] == devices and r["planner"] == planner]
+    if not ours:
+        return None
+    mine = {r["device"]: r for r in ours if r.get("plans_sha") == ours[-1].get("plans_sha")}
     if "all" not in mine or len(mine) != devices + 1:
         return None
     shared = mine.pop("all")

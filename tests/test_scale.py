@@ -73,6 +73,11 @@ def test_a_plans_measured_compute_is_its_slowest_device_with_its_replicas_and_sp
     # quartiles (exclusive method) of device 0: 3 and 5, device 1: 7 and 9
     assert m.spread == pytest.approx((9.0 - 7.0) / 7.0)
     assert measured(rows[:2], 2, "p") is None  # a device not yet measured: no figure
+    # re-planned: the rows of the plans measured last, never a mix with the earlier plans'
+    again = [{**r, "plans_sha": "new"} for r in rows]
+    again[1] = {**again[1], "fwd_ms": [9.0, 9.0, 9.0]}
+    assert measured(rows + again, 2, "p").per_device == (11.0, 7.0)  # fwd 9 + bwd 1 + replicas 1
+    assert measured(rows + again[:2], 2, "p") is None  # the new plans' device 1 not yet timed
 
 
 @pytest.mark.slow
