@@ -58,6 +58,18 @@ def test_comm_is_equivariant_over_devices(model) -> None:
     assert base[2, 0] < base[0, 0]
 
 
+@pytest.mark.parametrize("scale", [1 / 8, 8.0])
+def test_comm_at_another_batch_scales_every_time_alike(model, scale) -> None:
+    """At ``scale`` x the batch the comm was measured at, with every device's forward
+    ``scale`` x as late, the all-to-alls cost ``scale`` x as much: the wait for the latest
+    device is the skews' own ms (it had been scaled again: at 8x the batch, a device 5 ms
+    behind the latest paid 40 ms of wait)."""
+    dims = np.array([[100, 300, 40, 8]], dtype=np.float32)
+    skews = np.array([[0.0, 2.0, 5.0, 1.0]])
+    scaled = model.with_batch_size(round(model.batch_size * scale))
+    np.testing.assert_allclose(scaled.comm_cost_array(dims, skews * scale), scale * model.comm_cost_array(dims, skews), rtol=1e-5)
+
+
 def test_device_features_are_per_device_or_symmetric() -> None:
     f = device_features(np.array([[10, 20]]), np.array([[0.0, 3.0]]))
     assert f.shape == (1, 2, 11)

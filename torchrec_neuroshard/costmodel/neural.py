@@ -33,7 +33,10 @@ logger = logging.getLogger(__name__)
 
 class NeuralComm(CommModel):
     """The trained ``CommNet`` behind the ``CommModel`` interface; predictions scale
-    linearly from the global batch it was trained at (``batch_size``) to ``batch_scale``x."""
+    linearly from the global batch it was trained at (``batch_size``) to ``batch_scale``x:
+    every time scales alike, so the net reads the skews at its own batch (divided by
+    ``batch_scale``) and its costs are scaled back, and the wait for the latest device is
+    the skews' own, in ms, at any batch."""
 
     def __init__(self, net: CommNet, norm: Normalizer, batch_size: int, batch_scale: float = 1.0) -> None:
         self.net = net.eval()
@@ -57,7 +60,7 @@ class NeuralComm(CommModel):
         r, n = np.shape(dims)
         if n == 1:  # a single device exchanges nothing
             return np.zeros((r, 1, 2), dtype=np.float32)
-        x = device_features(dims, skews_ms).reshape(r * n, -1)
+        x = device_features(dims, np.asarray(skews_ms) / self.batch_scale).reshape(r * n, -1)
         wait = x[:, DEVICE_FEATURES.index("wait_ms")]
         z = (x - self.norm.mean.numpy()) / self.norm.std.numpy()
         out = np.logaddexp(0.0, numpy_mlp(self._layers, z))  # softplus
