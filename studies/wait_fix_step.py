@@ -1,0 +1,82 @@
+"""Did pricing the all-to-all's wait in ms (not scaled with the batch) make NeuroShard's
+plans faster or slower? Two ``benchmarks.dmp_step`` results files of the same tasks, one
+planned before the fix and one after, give each task two NeuroShard plans; both run under
+DMP in one run, their training steps interleaved, as ``benchmarks.dmp_step`` runs them.
+
+    git show fb5946e:benchmarks/results/dmp_step_batch32768_heldout.jsonl.gz > runs/before.jsonl.gz
+    python -m studies.wait_fix_step runs/before.jsonl.gz \
+        benchmarks/results/dmp_step_batch32768_heldout.jsonl.gz --steps 30
+
+Prints a table and writes it to ``studies/results/wait_fix_step.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import statistics
+from pathlib import Path
+
+import torch
+
+from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.dmp_measure import PlannedTask, measure_task
+from torchrec_neuroshard.lab.dmp_model import StepConfig, StepModel, generated_tasks, with_ebcs
+from torchrec_neuroshard.lab.launch import default_device
+from torchrec_neuroshard.lab.workloads import WorkloadScale
+from torchrec_neuroshard.sharding import to_torchrec
+from torchrec_neuroshard.types import Plan
+
+OUT = Path(__file__).parent / "results" / "wait_fix_step.md"
+LABEL = re.compile(r"T(\d+)_D(\d+)_pool(\d+)")
+BEFORE, AFTER = "wait scaled (before)", "wait in ms (shipped)"
+
+
+def plans_by_task(path: Path) -> dict[str, dict]:
+    """The NeuroShard rows of a ``dmp_step`` results file, by task label."""
+    return {r["task"]: r for r in read_rows(path) if r["planner"] == "neuroshard" and r.get("plan")}
+
+
+def planned(label: str, before: dict, after: dict, config: StepConfig) -> PlannedTask:
+    """The task of ``label`` (regenerated as ``dmp_step`` generated it) with both plans."""
+    tables, devices, pool = map(int, LABEL.fullmatch(label).groups())
+    [(task, _)] = generated_tasks([tables], [pool], devices, WorkloadScale(64, int(after["batch_size"])))
+    task = with_ebcs(task, config)
+    model = StepModel(task, config, torch.device("cpu"))
+    plans = {name: to_torchrec(Plan.from_dict(r["plan"]), model, default_device().type) for name, r in ((BEFORE, before), (AFTER, after))}
+    return PlannedTask(task, label, plans, {}, {name: True for name in plans})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("before", type=Path)
+    p.add_argument("after", type=Path)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=3)
+    args = p.parse_args()
+    before, after = plans_by_task(args.before), plans_by_task(args.after)
+    lines = [
+        "# NeuroShard's plans before and after the all-to-all's wait was paid in ms, on the DMP step", "",
+        f"`python -m studies.wait_fix_step {args.before} {args.after} --steps {args.steps} --warmup {args.warmup}`; "
+        f"{datetime.date.today()}; 2 gloo ranks, one torch thread each; both plans' steps interleaved. "
+        "Step: median of the timed steps (the slowest rank's), ms.", "",
+        f"| task | batch | plans differ | {BEFORE} | {AFTER} | after / before |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    ratios = []
+    for label in sorted(set(before) & set(after), key=lambda s: tuple(map(int, LABEL.fullmatch(s).groups()))):
+        config = StepConfig(**{**after[label]["config"], "steps": args.steps, "warmup": args.warmup})
+        rows = {r["planner"]: r for r in measure_task(planned(label, before[label], after[label], config), config)}
+        ms = {name: rows[name]["step_ms"] for name in (BEFORE, AFTER)}
+        ratios.append(ms[AFTER] / ms[BEFORE])
+        same = before[label]["plan"] == after[label]["plan"]
+        lines.append(f"| {label} | {after[label]['batch_size']} | {'no' if same else 'yes'} | {ms[BEFORE]:.1f} | {ms[AFTER]:.1f} | {ratios[-1]:.3f} |")
+        print(lines[-1], flush=True)
+    lines += ["", f"Geometric mean of after / before: {statistics.geometric_mean(ratios):.3f} over {len(ratios)} tasks."]
+    OUT.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
