@@ -11,7 +11,7 @@ NPROC ?= 2
 
 .PHONY: venv test test-fast demo bench data model clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.installed $(VENV)/torchrec-$(TORCHREC_OLDEST)
 
 # Re-installs only when the requirements or setup.py change.
 $(VENV)/.installed: $(REQUIREMENTS) setup.py
@@ -20,8 +20,11 @@ $(VENV)/.installed: $(REQUIREMENTS) setup.py
 	$(BIN)/python -m pip install --quiet -r $(REQUIREMENTS)
 	$(BIN)/python -m pip install --quiet --no-deps torchrec==$(TORCHREC_VERSION)
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+$(VENV)/torchrec-$(TORCHREC_OLDEST): $(VENV)/.installed
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(VENV)/wheels torchrec==$(TORCHREC_OLDEST)
-	$(BIN)/python -m zipfile -e $(VENV)/wheels/torchrec-$(TORCHREC_OLDEST)-*.whl $(VENV)/torchrec-$(TORCHREC_OLDEST)
+	$(BIN)/python -m zipfile -e $(VENV)/wheels/torchrec-$(TORCHREC_OLDEST)-*.whl $@
 	touch $@
 
 test: venv
