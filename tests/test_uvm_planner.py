@@ -208,16 +208,17 @@ def test_our_estimator_inside_torchrecs_planner_prices_each_option_on_its_kernel
 
 def test_the_plan_kept_is_warned_about_once_however_many_proposals_were_searched(caplog) -> None:
     """two_tower's 40-row tables lie below every table the compute net learned; with HBM for
-    a third of their bytes the planner screens several offload proposals, and the one
-    warning naming those tables is of the plan it keeps."""
+    a third of their bytes the planner searches several offload proposals, all past a
+    planning budget already spent, and each warning (the tables, the budget) is given once,
+    of the plan it keeps."""
     from tests.models import two_tower
 
     topology = Topology(world_size=1, compute_device="cuda", hbm_cap=12_000, ddr_cap=2**30, local_world_size=1)
-    planner = NeuroShardPlanner(topology, batch_size=8, storage_reservation=0.0)
+    planner = NeuroShardPlanner(topology, batch_size=8, storage_reservation=0.0, timeout_seconds=1e-9)
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         planner.plan(two_tower(), SHARDERS)
     assert planner.plan_.offloaded()
-    searched = caplog.text.count("UVM kernels priced by") + caplog.text.count("no plan with")
-    warned = [r for r in caplog.records if "lie outside the data the compute model was trained on" in r.getMessage()]
-    assert len(warned) == 1, f"{len(warned)} warnings over the searches of one plan ({searched} logged)"
-    assert "'a0'" in warned[0].getMessage() and "'b1'" in warned[0].getMessage()
+    for warning in ("lie outside the data the compute model was trained on", "planning budget timeout_seconds=1e-09 ran out"):
+        warned = [r.getMessage() for r in caplog.records if warning in r.getMessage()]
+        assert len(warned) == 1, f"{len(warned)} warnings '{warning}' over the searches of one plan"
+    assert "'a0'" in caplog.text and "'b1'" in caplog.text

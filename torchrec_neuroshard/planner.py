@@ -267,7 +267,8 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
 
     def _report(self, tables: Sequence[ModuleTable], decided: Triage, cap: int) -> None:
         """The searched plan's warnings (once per plan, however many proposals were
-        searched), then NeuroShard's per-rank plan table on TorchRec's planner-stats logger."""
+        searched: tables outside the model's data, kernels larger than it saw, the planning
+        budget overrun), then NeuroShard's per-rank plan table on TorchRec's planner-stats logger."""
         result, task, model = self.search_result_, self.task_, self._cost_model()
         # every table the compute net priced (not those triage replicated), a row-wise one as its blocks
         replicated = {p.table for p in decided.decided if p.kind is ShardingKind.DATA_PARALLEL}
@@ -275,6 +276,11 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         crowded = kernel_size_warning(model, self.plan_.kernel_sizes(task.tables, task.modules))
         for warning in filter(None, (outside, crowded)):
             logger.warning("%s", warning)
+        if self._overran is not None:
+            logger.warning(
+                "planning budget timeout_seconds=%g ran out (%.2f s): the search split no deeper and moved "
+                "no more shards, and the plan is the best it had found by then", self.timeout_seconds, self._overran,
+            )  # fmt: skip
         table = format_plan_stats(
             self.plan_, [t.spec for t in tables], result.devices, cap, self._global_batch(), dict(decided.reasons),
             memory_kind="HBM" if self.topology.compute_device == "cuda" else "DDR",
@@ -320,11 +326,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             config = replace(config, deadline=start + self.timeout_seconds)
         result = search(task, self._model, config, choices, decided.decided)
         took = time.perf_counter() - start
-        if self.timeout_seconds is not None and took >= self.timeout_seconds:
-            logger.warning(
-                "planning budget timeout_seconds=%g ran out (%.2f s): the search split no deeper and moved "
-                "no more shards, and the plan is the best it had found by then", self.timeout_seconds, took,
-            )  # fmt: skip
+        self._overran = took if self.timeout_seconds is not None and took >= self.timeout_seconds else None
         allowed = {t.spec.name: t.allowed for t in decided.searched}
         placements = tuple(
             replace(p, kind=ShardingKind.TABLE_COLUMN_WISE)
