@@ -34,8 +34,9 @@ from torchrec_neuroshard.lab.collect import read_rows
 HERE = Path(__file__).parent
 
 
-def task_of(label: str) -> Task:
-    """The generated task of a dmp_step label ``T{tables}_D{devices}_pool{seed}``."""
+def task_of(label: str, batch_size: int = WorkloadScale().batch_size) -> Task:
+    """The generated task of a dmp_step label ``T{tables}_D{devices}_pool{seed}`` at the
+    global ``batch_size`` (the run's ``--batch-size``)."""
     found = re.fullmatch(r"T(\d+)_D(\d+)_pool(\d+)", label)
     if found is None:
         raise ShardingError(
@@ -43,7 +44,7 @@ def task_of(label: str) -> Task:
             "a run of --task files cannot be re-priced from its labels"
         )
     tables, devices, pool = map(int, found.groups())
-    return generated_tasks([tables], [pool], devices, WorkloadScale())[0][0]
+    return generated_tasks([tables], [pool], devices, WorkloadScale(batch_size=batch_size))[0][0]
 
 
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,18 +13,16 @@ count and batch, as ``dmp_step`` generated it). Prints a table; writes it to
 from __future__ import annotations
 
 import argparse
-import re
 import time
 from pathlib import Path
 
+from studies.dmp_ranks import task_of
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.dmp_model import StepConfig, generated_tasks, with_ebcs
+from torchrec_neuroshard.lab.dmp_model import StepConfig, with_ebcs
 from torchrec_neuroshard.lab.planners import plan_task
-from torchrec_neuroshard.lab.workloads import WorkloadScale
 
 OUT = Path(__file__).parent / "results" / "plans_unchanged.md"
-LABEL = re.compile(r"T(\d+)_D(\d+)_pool(\d+)")
 
 
 def changed_tasks(path: Path) -> tuple[int, list[str]]:
@@ -34,10 +32,8 @@ def changed_tasks(path: Path) -> tuple[int, list[str]]:
     rows = [r for r in read_rows(path) if r["planner"] == "neuroshard" and r.get("plan")]
     changed = []
     for r in rows:
-        tables, devices, pool = map(int, LABEL.fullmatch(r["task"]).groups())
-        scale = WorkloadScale(64, int(r["batch_size"]))
-        [(task, label)] = generated_tasks([tables], [pool], devices, scale)
-        task = with_ebcs(task, StepConfig(**r["config"]))  # its modules, as dmp_step planned it
+        label = r["task"]
+        task = with_ebcs(task_of(label, int(r["batch_size"])), StepConfig(**r["config"]))  # its modules, as dmp_step planned it
         if task.batch_size != int(r["batch_size"]):
             raise ValueError(f"{path.name} {label}: regenerated at batch {task.batch_size}, stored {r['batch_size']}")
         plan = plan_task("neuroshard", task, model)

@@ -14,22 +14,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import re
 import statistics
 from pathlib import Path
 
 import torch
 
+from studies.dmp_ranks import task_of
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.dmp_measure import PlannedTask, measure_task
-from torchrec_neuroshard.lab.dmp_model import StepConfig, StepModel, generated_tasks, with_ebcs
+from torchrec_neuroshard.lab.dmp_model import StepConfig, StepModel, with_ebcs
 from torchrec_neuroshard.lab.launch import default_device
-from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.sharding import to_torchrec
 from torchrec_neuroshard.types import Plan
 
 OUT = Path(__file__).parent / "results" / "wait_fix_step.md"
-LABEL = re.compile(r"T(\d+)_D(\d+)_pool(\d+)")
 BEFORE, AFTER = "wait scaled (before)", "wait in ms (shipped)"
 
 
@@ -40,9 +38,7 @@ def plans_by_task(path: Path) -> dict[str, dict]:
 
 def planned(label: str, before: dict, after: dict, config: StepConfig) -> PlannedTask:
     """The task of ``label`` (regenerated as ``dmp_step`` generated it) with both plans."""
-    tables, devices, pool = map(int, LABEL.fullmatch(label).groups())
-    [(task, _)] = generated_tasks([tables], [pool], devices, WorkloadScale(64, int(after["batch_size"])))
-    task = with_ebcs(task, config)
+    task = with_ebcs(task_of(label, int(after["batch_size"])), config)
     model = StepModel(task, config, torch.device("cpu"))
     plans = {name: to_torchrec(Plan.from_dict(r["plan"]), model, default_device().type) for name, r in ((BEFORE, before), (AFTER, after))}
     return PlannedTask(task, label, plans, {}, {name: True for name in plans})
@@ -65,7 +61,7 @@ def main() -> None:
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
     ratios = []
-    for label in sorted(set(before) & set(after), key=lambda s: tuple(map(int, LABEL.fullmatch(s).groups()))):
+    for label in [label for label in after if label in before]:  # the tasks in the run's order
         config = StepConfig(**{**after[label]["config"], "steps": args.steps, "warmup": args.warmup})
         rows = {r["planner"]: r for r in measure_task(planned(label, before[label], after[label], config), config)}
         ms = {name: rows[name]["step_ms"] for name in (BEFORE, AFTER)}
