@@ -2,7 +2,8 @@
 
 Every heuristic is the same greedy: sort tables by a cost key, descending; each table goes
 whole to the device with the smallest accumulated key that has memory room (ties to the
-device with less memory used). ``random`` picks a uniform device with room instead.
+device with less memory used by them; a task's reserved bytes count against the room).
+``random`` picks a uniform device with room instead.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ def memory_shortfall_error(task: Task, table: TableSpec, free: list[int]) -> Inf
     smallest per-device cap that could hold the largest table and the total (memory as
     TorchRec counts it: ``TableSpec.memory_bytes``)."""
     memory = {t.name: _memory(task, t) for t in task.tables}
-    total = sum(memory.values())
-    needed = max(max(memory.values()), math.ceil(total / task.num_devices))
+    total, reserved = sum(memory.values()), task.reserved
+    needed = max(max(memory.values()) + min(reserved), math.ceil((total + sum(reserved)) / task.num_devices))
+    taken = f", {sum(reserved):,} of them taken by tables placed before" if any(reserved) else ""
     return InfeasibleError(
         f"table {table.name!r} ({memory[table.name]:,} bytes) fits no device: the most free "
         f"memory left is {max(free):,} bytes, {memory[table.name] - max(free):,} short. "
-        f"Total {total:,} bytes over {task.num_devices} devices of {task.memory_cap_bytes:,}; "
+        f"Total {total:,} bytes over {task.num_devices} devices of {task.memory_cap_bytes:,}{taken}; "
         f"a cap of at least {needed:,} bytes per device is needed (more devices, a larger "
         "cap, or column/row splits of the largest tables)."
     )
@@ -44,7 +46,8 @@ def memory_shortfall_error(task: Task, table: TableSpec, free: list[int]) -> Inf
 def greedy_plan(task: Task, key: CostKey) -> Plan:
     """Whole tables, heaviest key first, each to the lightest device with room."""
     load = np.zeros(task.num_devices)
-    used = np.zeros(task.num_devices, dtype=np.int64)
+    reserved = np.asarray(task.reserved, dtype=np.int64)
+    used = reserved.copy()
     placements = []
     for t in sorted(task.tables, key=key, reverse=True):
         size = _memory(task, t)
@@ -52,7 +55,7 @@ def greedy_plan(task: Task, key: CostKey) -> Plan:
         if not fits.any():
             raise memory_shortfall_error(task, t, [task.memory_cap_bytes - int(u) for u in used])
         lightest = np.flatnonzero(fits & (load == load[fits].min()))  # ties: less memory, then the lower index
-        d = int(lightest[np.argmin(used[lightest])])
+        d = int(lightest[np.argmin(used[lightest] - reserved[lightest])])
         load[d] += key(t)
         used[d] += size
         placements.append(TablePlacement.whole(t, d))
@@ -62,7 +65,7 @@ def greedy_plan(task: Task, key: CostKey) -> Plan:
 def random_plan(task: Task, seed: int = 0) -> Plan:
     """Each table, largest first, to a uniformly random device that has room."""
     rng = np.random.default_rng(seed)
-    used = [0] * task.num_devices
+    used = list(task.reserved)
     placements = []
     for t in sorted(task.tables, key=lambda t: t.size_bytes(), reverse=True):
         size = _memory(task, t)

@@ -1,7 +1,8 @@
 """Placements decided before a stage (the caller's, or the kinds chosen) and what they
-leave. In: a task and its fixed placements. Out: the memory per device they leave
-(``free_memory``), the task of the tables still to place (``rest_task``), a plan of those
-with them (``with_fixed``), and what they cost each device (``fixed_ms``)."""
+leave. In: a task and its fixed placements. Out: the bytes they take on each device
+(``placed_memory``), the task of the tables still to place, each device holding what they
+leave it (``rest_task``), a plan of those with them (``with_fixed``), and what they cost
+each device (``fixed_ms``)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,22 @@ from torchrec_neuroshard.stepcost import Embedder, predict_step
 from torchrec_neuroshard.types import CostModel, Plan, TablePlacement, Task
 
 
-def free_memory(task: Task, fixed: Sequence[TablePlacement]) -> int:
-    """Bytes per device the fixed placements leave of the cap (at most; <= 0: none)."""
-    if not fixed:
-        return task.memory_cap_bytes
-    used = Plan(tuple(fixed), task.num_devices).device_memory([task.table(p.table) for p in fixed], task.batch_size)
-    return task.memory_cap_bytes - max(used)
+def placed_memory(task: Task, placements: Sequence[TablePlacement]) -> np.ndarray:
+    """Bytes [D] the placements (of ``task``'s tables) take on each device."""
+    if not placements:
+        return np.zeros(task.num_devices, dtype=np.int64)
+    used = Plan(tuple(placements), task.num_devices).device_memory([task.table(p.table) for p in placements], task.batch_size)
+    return np.asarray(used, dtype=np.int64)
 
 
 def rest_task(task: Task, fixed: Sequence[TablePlacement]) -> Task:
-    """The tables the placement search places, in the memory the fixed ones leave."""
+    """The tables the placement search places, each device holding what the fixed ones
+    (and the task's reserved bytes) leave of its memory."""
     if not fixed:
         return task
     names = {p.table for p in fixed}
-    return task.subset([t.name for t in task.tables if t.name not in names], free_memory(task, fixed))
+    taken = np.asarray(task.reserved, dtype=np.int64) + placed_memory(task, fixed)
+    return task.subset([t.name for t in task.tables if t.name not in names], tuple(int(b) for b in taken))
 
 
 def with_fixed(plan: Plan, fixed: Sequence[TablePlacement], task: Task) -> Plan:

@@ -135,11 +135,14 @@ def greedy_runs(
     states: Sequence[Widths],
     scales: Sequence[float],
     caps: Sequence[float] | None = None,
+    reserved: np.ndarray | None = None,
 ) -> Runs:
     """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
     predicted single-shard cost, each to the feasible device with the lowest predicted
     compute so far (ties to less memory); feasible = memory fits (``caps``, per state:
-    default the task's cap) and the device's dim sum stays within scale x (total width / D).
+    default the task's cap; each device starting from ``reserved`` [D] bytes taken,
+    default the task's ``reserved``, which the ties do not count) and the device's dim sum
+    stays within scale x (total width / D).
 
     Runs that have placed the same shards on the same devices share one placement until
     they part: the scales of a state, and states alike up to their first difference in
@@ -151,6 +154,8 @@ def greedy_runs(
     # placement 0 is the empty one every run starts from; a group of runs parting from
     # the others of its placement takes a new one (at most R in all)
     held = Placements.empty(R, D, keys.emb.shape[1])
+    reserved = np.asarray(task.reserved if reserved is None else reserved, dtype=np.float64)  # [D]
+    held.mem[:], held.mem_max[:] = reserved, reserved.max()
     n_held = 1
     placement = np.zeros(R, dtype=np.int64)  # [R] the placement holding run r's
     shared = True  # some active runs may share a placement
@@ -169,7 +174,7 @@ def greedy_runs(
             break
         p, kk = placement[a], order[k, a]
         dim_room, mem_room = dim_cap[a] - keys.width[kk], cap[a] - keys.size[kk]
-        device, decided = _choose_devices(held, n_held, p, kk, dim_room, mem_room, shared)
+        device, decided = _choose_devices(held, n_held, p, kk, dim_room, mem_room, shared, reserved)
         dead = device < 0
         if dead.any():
             died_at[a[dead]] = k
@@ -233,6 +238,7 @@ def _choose_devices(
     dim_room: np.ndarray,
     mem_room: np.ndarray,
     shared: bool,
+    reserved: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``_least_loaded_with_room`` for A runs on placements ``p`` [A] (of ``held``'s first
     ``n_held``) placing ``shard`` [A] with ``dim_room`` and ``mem_room`` [A], scanning each
@@ -248,7 +254,7 @@ def _choose_devices(
     if not shared:  # one run per placement
         most_dim[p], most_mem[p] = dim_room, mem_room
         device, _ = _least_loaded_with_room(
-            held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held]
+            held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held], reserved
         )
         return device[p], np.ones(len(p), dtype=bool)
     deciding = np.full(n_held, -1)  # [n_held] the shard each placement decides for
@@ -257,7 +263,7 @@ def _choose_devices(
     np.maximum.at(most_dim, p[same], dim_room[same])
     np.maximum.at(most_mem, p[same], mem_room[same])
     chosen, least = _least_loaded_with_room(
-        held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held]
+        held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held], reserved
     )
     device, least = chosen[p], least[p]  # [A]
     decided = same & (
@@ -268,7 +274,7 @@ def _choose_devices(
     if alone.size:
         q = p[alone]
         device[alone], _ = _least_loaded_with_room(
-            held.load[q], held.dims[q], held.mem[q], dim_room[alone], mem_room[alone], held.mem_max[q]
+            held.load[q], held.dims[q], held.mem[q], dim_room[alone], mem_room[alone], held.mem_max[q], reserved
         )
     return device, decided
 
@@ -305,10 +311,12 @@ def _least_loaded_with_room(
     dim_room: np.ndarray,
     mem_room: np.ndarray,
     mem_max: np.ndarray | None = None,
+    reserved: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The greedy's device on each of G placements, [G]: of the devices with dims <=
-    dim_room and mem <= mem_room, the one of least load; ties (within 1e-9) to less memory,
-    then to the lower index; -1 where no device has room or the least load is not finite.
+    dim_room and mem <= mem_room, the one of least load; ties (within 1e-9) to less memory
+    (of its own: less ``reserved`` [D], the bytes every device started from), then to the
+    lower index; -1 where no device has room or the least load is not finite.
     Also the first device of least load, [G] (the same but for ties).
 
     load, dims, mem: [G, D] per placement and device; dim_room, mem_room: [G], the caps
@@ -334,7 +342,8 @@ def _least_loaded_with_room(
         t = rows[tied]
         masked[t, first[t]] = least[t]
         tie = masked[t] <= least[t, None] + 1e-9  # [T, D]
-        device[t] = np.where(tie, mem[t], np.inf).argmin(1)
+        own = mem[t] if reserved is None else mem[t] - reserved  # [T, D] the placement's own bytes
+        device[t] = np.where(tie, own, np.inf).argmin(1)
     device[~np.isfinite(least)] = -1
     return device, first
 

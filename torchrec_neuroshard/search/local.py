@@ -44,9 +44,10 @@ def improve_plan(task: Task, model: CostModel, keys: Keys, plan: Plan, config: S
 
 @dataclass(frozen=True)
 class _Devices:
-    """The devices as the plan stands: summed key rows [D, E], dims, bytes and shard counts
-    [D], the kernels' (forward, backward) ms [D, 2] alone and with the fixed placements'
-    (``base``), and the embedding cost's per-device total (compute + comm) [D] and max."""
+    """The devices as the plan stands: summed key rows [D, E], dims, bytes (the task's
+    reserved bytes included) and shard counts [D], the kernels' (forward, backward) ms
+    [D, 2] alone and with the fixed placements' (``base``), and the embedding cost's
+    per-device total (compute + comm) [D] and max."""
 
     sums: np.ndarray
     dims: np.ndarray
@@ -68,7 +69,7 @@ class _Devices:
         base = kernel + fixed_ms
         comm, total = model.embedding_cost(base[None, :, 0], base[None, :, 1], dims[None])
         per_dev = base.sum(1) + comm[0].sum(1)
-        mem = np.bincount(dev, weights=keys.size[key_of], minlength=D)
+        mem = np.bincount(dev, weights=keys.size[key_of], minlength=D) + np.asarray(keys.task.reserved)
         return _Devices(sums, dims, mem, count, kernel, base, per_dev, float(total[0]))
 
 

@@ -20,7 +20,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from torchrec_neuroshard.search.config import SearchContext
-from torchrec_neuroshard.search.fixed import free_memory
+from torchrec_neuroshard.search.fixed import placed_memory
 from torchrec_neuroshard.search.joint import joint_plan
 from torchrec_neuroshard.stepcost import CachedEmbedder, StepPrediction, predict_step
 from torchrec_neuroshard.types import (
@@ -56,12 +56,13 @@ def plan_by_module(task: Task, given: tuple[TablePlacement, ...], context: Searc
         searched = [n for n in names if n not in fixed]
         if not searched:
             continue
-        cap = free_memory(task, [p for p in placements if p.table not in names])
+        taken = np.asarray(task.reserved) + placed_memory(task, [p for p in placements if p.table not in names])  # [D]
+        free = np.maximum(task.memory_cap_bytes - taken, 0).sum()
         for later in order[k:]:  # fail before searching when a module's tables cannot fit what is left
-            if sum(bytes_of[n] for n in later if n not in fixed) > task.num_devices * cap:
+            if sum(bytes_of[n] for n in later if n not in fixed) > free:
                 raise InfeasibleError(f"the modules before {later[0]}'s leave it too little memory")
         mine = tuple(p for p in given if p.table in names)
-        plan, n = joint_plan(task.subset(names, cap), mine, context)
+        plan, n = joint_plan(task.subset(names, tuple(int(b) for b in taken)), mine, context)
         placements += [p for p in plan.placements if p.table in searched]
         evaluated += n
     return Plan(tuple(placements), task.num_devices), evaluated
@@ -77,7 +78,7 @@ def improve_modules(
     checked as it is, so a tight cap that stops the by-module search does not stop this."""
     modules = _Modules.of(task, model, embed)
     placements = {p.table: p for p in plan.placements}
-    used = np.asarray(plan.device_memory(task.tables, task.batch_size), dtype=np.float64)  # [D]
+    used = np.asarray(plan.device_memory(task.tables, task.batch_size), dtype=np.float64) + task.reserved  # [D]
     priced = [modules.predict(placements, k) for k in range(len(task.modules))]  # each module's prediction as the plan stands
     made, swaps = 0, False  # swaps are tried only when no move pays
     while made < max_moves and (deadline is None or time.perf_counter() < deadline):

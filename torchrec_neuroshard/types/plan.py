@@ -312,7 +312,10 @@ class Plan:
     def _check_memory(self, task: Task) -> None:
         """Raise ``InfeasibleError`` for a device over the task's memory cap or host memory
         cap, and ``ShardingError`` for tables in host memory when the task has no host cap."""
-        self._check_cap(self.device_memory(task.tables, task.batch_size), task.memory_cap_bytes, "")
+        used = self.device_memory(task.tables, task.batch_size)
+        if task.reserved_bytes:
+            used = [u + r for u, r in zip(used, task.reserved_bytes)]
+        self._check_cap(used, task.memory_cap_bytes, " (the task's reserved bytes included)" if task.reserved_bytes else "")
         host = self.device_host_memory(task.tables, task.batch_size)
         if any(host) and task.host_memory_cap_bytes is None:
             raise ShardingError(

@@ -68,6 +68,10 @@ class Task:
     """Host memory (DDR) per device for tables on UVM kernels (the topology's ``ddr_cap``
     on a GPU); ``memory_cap_bytes`` is then each GPU's HBM. None: every table in
     ``memory_cap_bytes`` (a CPU topology, or a plan of fused kernels only)."""
+    reserved_bytes: tuple[int, ...] = ()
+    """Bytes of each device's ``memory_cap_bytes`` already taken by placements outside the
+    task (those the search fixed before placing these tables): device d holds at most
+    ``memory_cap_bytes - reserved_bytes[d]`` of this task's tables. Empty: none."""
 
     def __post_init__(self) -> None:
         for field in ("num_devices", "memory_cap_bytes", "batch_size"):
@@ -104,6 +108,23 @@ class Task:
             if host <= 0:
                 raise ShardingError(f"host memory cap must be positive (or None for none), got {host} bytes")
             object.__setattr__(self, "host_memory_cap_bytes", host)
+        self._check_reserved()
+
+    def _check_reserved(self) -> None:
+        if isinstance(self.reserved_bytes, (str, bytes)) or not isinstance(self.reserved_bytes, Sequence):
+            raise ShardingError(f"the task's reserved_bytes must be a list of bytes per device, got {self.reserved_bytes!r}")
+        reserved = tuple(whole_number(b, "a device's reserved_bytes") for b in self.reserved_bytes)
+        if reserved and (len(reserved) != self.num_devices or min(reserved) < 0):
+            raise ShardingError(
+                f"the task's reserved_bytes must give bytes >= 0 for each of its {self.num_devices} devices "
+                f"(or be empty for none), got {list(reserved)}"
+            )
+        object.__setattr__(self, "reserved_bytes", reserved)
+
+    @property
+    def reserved(self) -> tuple[int, ...]:
+        """``reserved_bytes`` of every device (zeros when the task reserves none)."""
+        return self.reserved_bytes or (0,) * self.num_devices
 
     @cached_property
     def by_name(self) -> dict[str, TableSpec]:
@@ -119,18 +140,19 @@ class Task:
         TorchRec's planner calls ``batch_size``."""
         return self.batch_size // self.num_devices
 
-    def subset(self, names: Sequence[str], memory_cap_bytes: int | None = None) -> "Task":
+    def subset(self, names: Sequence[str], reserved_bytes: Sequence[int] | None = None) -> "Task":
         """The task of the tables ``names`` (in the task's order; modules kept, each
-        restricted to them), in ``memory_cap_bytes`` (default the task's cap)."""
+        restricted to them), with ``reserved_bytes`` of each device taken (default the task's)."""
         keep = set(names)
         return Task(
             tuple(t for t in self.tables if t.name in keep),
             self.num_devices,
-            self.memory_cap_bytes if memory_cap_bytes is None else memory_cap_bytes,
+            self.memory_cap_bytes,
             self.batch_size,
             tuple(m for m in (tuple(n for n in module if n in keep) for module in self.modules) if m),
             self.links,
             self.host_memory_cap_bytes,
+            self.reserved_bytes if reserved_bytes is None else tuple(reserved_bytes),
         )
 
     def to_json(self) -> str:
@@ -146,6 +168,8 @@ class Task:
             d["links"] = asdict(self.links)
         if self.host_memory_cap_bytes is not None:
             d["host_memory_cap_bytes"] = self.host_memory_cap_bytes
+        if self.reserved_bytes:
+            d["reserved_bytes"] = list(self.reserved_bytes)
         return json.dumps(d)
 
     @staticmethod
@@ -161,6 +185,7 @@ class Task:
             modules=d.get("modules", ()),
             links=Links.from_dict(d["links"], f"{what}'s links") if d.get("links") is not None else None,
             host_memory_cap_bytes=d.get("host_memory_cap_bytes"),
+            reserved_bytes=d.get("reserved_bytes", ()),
         )
 
     @staticmethod
