@@ -1,6 +1,7 @@
 """Placements fixed before the search take memory device by device: the search places
 the other tables in the room each device has left (``Task.reserved_bytes``), not in the
-room the fullest one has."""
+room the fullest one has; and a table larger than a rank is split by rows the way that
+takes fewer bytes over all ranks."""
 
 import dataclasses
 
@@ -13,6 +14,8 @@ from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import search
 from torchrec_neuroshard.search.fixed import rest_task
+from torchrec_neuroshard.tables import ModuleTable
+from torchrec_neuroshard.triage import row_split, triage
 from torchrec_neuroshard.types import InfeasibleError, Links, Plan, ShardingKind, TableChoices, TablePlacement, Task
 
 MB = 1_000_000
@@ -80,3 +83,27 @@ def test_ties_go_to_the_device_of_fewer_bytes_of_its_own() -> None:
     assert device[0] == 0
     device, _ = _least_loaded_with_room(load, np.zeros((1, 3)), mem, np.asarray([10.0]), np.asarray([4.0]), None, reserved)
     assert device[0] == 1  # device 0 has no room for the shard
+
+
+def _full_size(world: int) -> tuple[ModuleTable, int]:
+    """The largest full-size pool table, allowed every row split, and the global batch."""
+    task = generate_task(synthetic_pool(), 48, world, WorkloadScale(1, 65_536), seed=3)
+    spec = max(task.tables, key=lambda t: t.rows * t.dim)
+    kinds = frozenset({ShardingKind.ROW_WISE, ShardingKind.TABLE_ROW_WISE, ShardingKind.TABLE_WISE})
+    return ModuleTable("ebc", spec, kinds, spec.dim), task.batch_size
+
+
+def test_a_table_larger_than_a_rank_is_split_over_a_host_where_that_takes_fewer_bytes() -> None:
+    table, batch = _full_size(64)
+    splits = {}
+    for kind, ranks in ((ShardingKind.ROW_WISE, 64), (ShardingKind.TABLE_ROW_WISE, 8)):
+        used = Plan((TablePlacement.row_blocks(table.spec, range(ranks), kind),), 64).device_memory([table.spec], batch)
+        splits[kind] = (sum(used), max(used))
+    rw, trw = splits[ShardingKind.ROW_WISE], splits[ShardingKind.TABLE_ROW_WISE]
+    assert trw[0] < rw[0] and trw[1] > rw[1]  # each row-wise block holds the whole batch's output
+    assert row_split(table, 64, 8, batch)[0] is ShardingKind.TABLE_ROW_WISE
+    assert row_split(table, 64, 8, batch, cap_bytes=trw[1])[0] is ShardingKind.TABLE_ROW_WISE
+    assert row_split(table, 64, 8, batch, cap_bytes=trw[1] - 1)[0] is ShardingKind.ROW_WISE  # the host's blocks fit not
+    decided = triage([table], 64, 8, trw[1] - 1, batch)
+    assert decided.decided[0].kind is ShardingKind.ROW_WISE and len(decided.decided[0].devices) == 64
+    assert row_split(table, 8, 8, batch)[0] is ShardingKind.ROW_WISE  # one host: the same blocks, row-wise

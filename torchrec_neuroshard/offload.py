@@ -95,7 +95,7 @@ def kernel_options(
             shard = Shard(on_kernel, spec.dim)
             hbm, host = shard.storage(ShardingKind.TABLE_WISE, batch_size, world_size)
             if hbm_cap is not None and hbm > hbm_cap and table.allowed & {ShardingKind.ROW_WISE, ShardingKind.TABLE_ROW_WISE}:
-                split = row_split(replace(table, spec=on_kernel), world_size, local_world_size or world_size, batch_size)[2]
+                split = row_split(replace(table, spec=on_kernel), world_size, local_world_size or world_size, batch_size, hbm_cap)[2]
                 hbm = sum(Plan((split,), world_size).device_memory([on_kernel], batch_size))
             penalty = float(pricing.penalty_ms([shard], batch_size).sum())
             options.append(KernelOption(kernel, factor, hbm, host, penalty))

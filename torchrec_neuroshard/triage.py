@@ -5,9 +5,11 @@ the kinds its constraints allow; the host of a table-row-wise table from the set
 so the plan does not depend on the order of tables or modules. The search then places the searched tables in the memory the decided ones leave.
 
 - searched: table-wise or column-wise is allowed and the table fits one rank;
-- row-wise over all ranks: row splits are allowed and the table is larger than a rank,
-  or row splits are all its constraints allow; table-row-wise (over one host's ranks)
-  where row-wise is not allowed, such tables spread over the hosts by their bytes;
+- split by rows: row splits are allowed and the table is larger than a rank, or row
+  splits are all its constraints allow; row-wise over all ranks, or table-row-wise over
+  one host's ranks where that takes fewer bytes in all (across hosts a row-wise block
+  holds the pooled output of the whole batch) or row-wise is not allowed, such tables
+  spread over the hosts by their bytes (``row_split``);
 - data-parallel: replication is all its constraints allow;
 - anything else is an error naming the table, its bytes and what to change.
 """
@@ -50,7 +52,7 @@ def triage(
         if fits and t.allowed & COLUMN_KINDS:
             searched.append(t)
         elif t.allowed & ROW_KINDS:
-            kind, ranks, placement, block = row_split(t, world_size, local_world_size, batch_size)
+            kind, ranks, placement, block = row_split(t, world_size, local_world_size, batch_size, cap_bytes)
             if block > cap_bytes:
                 raise InfeasibleError(
                     f"table {spec.name!r} ({memory:,} bytes) does not fit even {kind.value} "
@@ -81,13 +83,24 @@ def triage(
     return Triage(tuple(searched), tuple(decided), tuple(reasons))
 
 
-def row_split(table: ModuleTable, world_size: int, local_world_size: int, batch_size: int) -> tuple[ShardingKind, int, TablePlacement, int]:
-    """(kind, ranks, placement, fullest block's bytes) of a row split: row_wise over every
-    rank where allowed, else table_row_wise over one host's ranks."""
-    kind = ShardingKind.ROW_WISE if ShardingKind.ROW_WISE in table.allowed else ShardingKind.TABLE_ROW_WISE
-    ranks = world_size if kind is ShardingKind.ROW_WISE else min(local_world_size, world_size)
-    placement = TablePlacement.row_blocks(table.spec, range(ranks), kind)
-    return kind, ranks, placement, max(Plan((placement,), world_size).device_memory([table.spec], batch_size))
+def row_split(
+    table: ModuleTable, world_size: int, local_world_size: int, batch_size: int, cap_bytes: int | None = None
+) -> tuple[ShardingKind, int, TablePlacement, int]:
+    """(kind, ranks, placement, fullest block's bytes) of a row split: of row_wise over
+    every rank and table_row_wise over one host's ranks (those the table allows), the one
+    taking the fewest bytes over all ranks whose fullest block fits ``cap_bytes`` (row_wise
+    on a tie; where none fits, the one of the smaller block). Across hosts a row-wise
+    block holds the pooled output of the whole batch, a table-row-wise one of its host's."""
+    splits = []  # (doesn't fit, bytes over all ranks or fullest block, kind, ranks, placement, fullest block)
+    for kind in (ShardingKind.ROW_WISE, ShardingKind.TABLE_ROW_WISE):
+        ranks = world_size if kind is ShardingKind.ROW_WISE else min(local_world_size, world_size)
+        if kind not in table.allowed or any(s[3] == ranks for s in splits):
+            continue
+        placement = TablePlacement.row_blocks(table.spec, range(ranks), kind)
+        memory = Plan((placement,), world_size).device_memory([table.spec], batch_size)
+        over = cap_bytes is not None and max(memory) > cap_bytes
+        splits.append((over, max(memory) if over else sum(memory), len(splits), kind, ranks, placement, max(memory)))
+    return min(splits)[3:]
 
 
 def _spread_over_hosts(

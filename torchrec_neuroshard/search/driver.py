@@ -45,8 +45,8 @@ def search(
             sharder offers. Replication and row splits are only chosen when the model has
             the step parts to price them (``stepcost``).
         fixed: placements decided before the search (e.g. a table its constraints only let
-            replicate, or one larger than a rank split by rows over all ranks): kept as they
-            are, the rest placed in the memory they leave, all priced in the whole step.
+            replicate, or one larger than a rank split by rows): kept as they are, the
+            rest placed in the memory they leave on each device, all priced in the whole step.
 
     Raises:
         InfeasibleError: no split and placement fits the memory cap; names the table.
