@@ -7,7 +7,13 @@ DMP in one run, their training steps interleaved, as ``benchmarks.dmp_step`` run
     python -m studies.wait_fix_step runs/before.jsonl.gz \
         benchmarks/results/dmp_step_batch32768_heldout.jsonl.gz --steps 30
 
-Prints a table and writes it to ``studies/results/wait_fix_step.md``.
+Prints a table and writes it to ``studies/results/wait_fix_step.md``. Any other change of
+the planner is compared the same way, under its own labels and file:
+
+    git show a93cf38:benchmarks/results/dmp_step_batch512_heldout.jsonl.gz > runs/old/dmp_step_batch512_heldout.jsonl.gz
+    python -m studies.wait_fix_step runs/old/dmp_step_batch512_heldout.jsonl.gz \
+        benchmarks/results/dmp_step_batch512_heldout.jsonl.gz --tasks T60_D2_pool2 --steps 200 \
+        --labels "uniform room (before)" "room per device (shipped)" --out studies/results/room_step.md
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ def plans_by_task(path: Path) -> dict[str, dict]:
     return {r["task"]: r for r in read_rows(path) if r["planner"] == "neuroshard" and r.get("plan")}
 
 
-def planned(label: str, before: dict, after: dict, config: StepConfig) -> PlannedTask:
-    """The task of ``label`` (regenerated as ``dmp_step`` generated it) with both plans."""
+def planned(label: str, before: dict, after: dict, config: StepConfig, names: tuple[str, str] = (BEFORE, AFTER)) -> PlannedTask:
+    """The task of ``label`` (regenerated as ``dmp_step`` generated it) with both plans,
+    named ``names``."""
     task = with_ebcs(task_of(label, int(after["batch_size"])), config)
     model = StepModel(task, config, torch.device("cpu"))
-    plans = {name: to_torchrec(Plan.from_dict(r["plan"]), model, default_device().type) for name, r in ((BEFORE, before), (AFTER, after))}
+    plans = {name: to_torchrec(Plan.from_dict(r["plan"]), model, default_device().type) for name, r in zip(names, (before, after))}
     return PlannedTask(task, label, plans, {}, {name: True for name in plans})
 
 
@@ -50,28 +57,42 @@ def main() -> None:
     p.add_argument("after", type=Path)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--tasks", nargs="*", help="these task labels only (default every task of both files)")
+    p.add_argument("--labels", nargs=2, default=[BEFORE, AFTER], metavar=("BEFORE", "AFTER"), help="the two plans' names")
+    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args()
     before, after = plans_by_task(args.before), plans_by_task(args.after)
+    names = tuple(args.labels)
+    chosen = [label for label in after if label in before and (args.tasks is None or label in args.tasks)]  # the run's order
+    options = "".join(f" {flag}" for flag in _options(args))
     lines = [
-        "# NeuroShard's plans before and after the all-to-all's wait was paid in ms, on the DMP step", "",
-        f"`python -m studies.wait_fix_step {args.before} {args.after} --steps {args.steps} --warmup {args.warmup}`; "
+        f"# NeuroShard's plans: {names[0]} and {names[1]}, on the DMP step", "",
+        f"`python -m studies.wait_fix_step {args.before} {args.after} --steps {args.steps} --warmup {args.warmup}{options}`; "
         f"{datetime.date.today()}; 2 gloo ranks, one torch thread each; both plans' steps interleaved. "
         "Step: median of the timed steps (the slowest rank's), ms.", "",
-        f"| task | batch | plans differ | {BEFORE} | {AFTER} | after / before |",
+        f"| task | batch | plans differ | {names[0]} | {names[1]} | after / before |",
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
     ratios = []
-    for label in [label for label in after if label in before]:  # the tasks in the run's order
+    for label in chosen:
         config = StepConfig(**{**after[label]["config"], "steps": args.steps, "warmup": args.warmup})
-        rows = {r["planner"]: r for r in measure_task(planned(label, before[label], after[label], config), config)}
-        ms = {name: rows[name]["step_ms"] for name in (BEFORE, AFTER)}
-        ratios.append(ms[AFTER] / ms[BEFORE])
+        rows = {r["planner"]: r for r in measure_task(planned(label, before[label], after[label], config, names), config)}
+        ms = [rows[name]["step_ms"] for name in names]
+        ratios.append(ms[1] / ms[0])
         same = before[label]["plan"] == after[label]["plan"]
-        lines.append(f"| {label} | {after[label]['batch_size']} | {'no' if same else 'yes'} | {ms[BEFORE]:.1f} | {ms[AFTER]:.1f} | {ratios[-1]:.3f} |")
+        lines.append(f"| {label} | {after[label]['batch_size']} | {'no' if same else 'yes'} | {ms[0]:.1f} | {ms[1]:.1f} | {ratios[-1]:.3f} |")
         print(lines[-1], flush=True)
     lines += ["", f"Geometric mean of after / before: {statistics.geometric_mean(ratios):.3f} over {len(ratios)} tasks."]
-    OUT.write_text("\n".join(lines) + "\n")
+    args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _options(args: argparse.Namespace) -> list[str]:
+    """The command line's options beyond the defaults, as given."""
+    options = [f"--tasks {' '.join(args.tasks)}"] if args.tasks else []
+    if tuple(args.labels) != (BEFORE, AFTER):
+        options.append("--labels " + " ".join(f'"{name}"' for name in args.labels))
+    return options + ([f"--out {args.out}"] if args.out != OUT else [])
 
 
 if __name__ == "__main__":
