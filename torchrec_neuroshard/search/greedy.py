@@ -95,10 +95,14 @@ class Placements:
     mem_max: np.ndarray  # [N]
 
     @staticmethod
-    def empty(n: int, devices: int, width: int) -> "Placements":
+    def empty(n: int, devices: int, width: int, reserved: np.ndarray | None = None) -> "Placements":
+        """N placements of nothing, each device holding ``reserved`` [D] bytes (default none)."""
         sums = np.zeros((n * devices, width), dtype=np.float32)
         fwd, bwd, load, mem = (np.zeros((n, devices)) for _ in range(4))
-        return Placements(sums, fwd, bwd, load, np.zeros((n, devices), dtype=np.int32), mem, np.zeros(n))
+        mem_max = np.zeros(n)
+        if reserved is not None:
+            mem[:], mem_max[:] = reserved, np.max(reserved)
+        return Placements(sums, fwd, bwd, load, np.zeros((n, devices), dtype=np.int32), mem, mem_max)
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
         """Placements ``dst`` [M] become copies of placements ``src`` [M]."""
@@ -138,24 +142,20 @@ def greedy_runs(
     reserved: np.ndarray | None = None,
 ) -> Runs:
     """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
-    predicted single-shard cost, each to the feasible device with the lowest predicted
-    compute so far (ties to less memory); feasible = memory fits (``caps``, per state:
-    default the task's cap; each device starting from ``reserved`` [D] bytes taken,
-    default the task's ``reserved``, which the ties do not count) and the device's dim sum
+    predicted single-shard cost, each to the feasible device of least predicted compute so
+    far (ties to less memory of its own); feasible = memory fits (``caps`` per state, default
+    the task's cap, less ``reserved`` [D], default the task's) and the device's dim sum
     stays within scale x (total width / D).
 
-    Runs that have placed the same shards on the same devices share one placement until
-    they part: the scales of a state, and states alike up to their first difference in
-    shard order, place their first shards alike, and that is placed and predicted once."""
+    Runs that placed the same shards on the same devices share one placement until they
+    part (a state's scales, states alike up to their first difference): placed once."""
     D = task.num_devices
     cap = np.repeat(np.asarray(caps if caps is not None else [task.memory_cap_bytes] * len(states), dtype=np.float64), len(scales))
     order, dim_cap, length = _run_orders(keys, states, scales, D)
     smax, R = order.shape
-    # placement 0 is the empty one every run starts from; a group of runs parting from
-    # the others of its placement takes a new one (at most R in all)
-    held = Placements.empty(R, D, keys.emb.shape[1])
     reserved = np.asarray(task.reserved if reserved is None else reserved, dtype=np.float64)  # [D]
-    held.mem[:], held.mem_max[:] = reserved, reserved.max()
+    # placement 0: the start of every run; runs parting from their placement take new ones (<= R)
+    held = Placements.empty(R, D, keys.emb.shape[1], reserved)
     n_held = 1
     placement = np.zeros(R, dtype=np.int64)  # [R] the placement holding run r's
     shared = True  # some active runs may share a placement
