@@ -1,6 +1,6 @@
 """Placements decided before a stage (the caller's, or the kinds chosen) and what they
 leave. In: a task and its fixed placements. Out: the bytes they take on each device
-(``placed_memory``), the task of the tables still to place, each device holding what they
+(``placed_memory``; with the task's reserved bytes, ``taken_memory``), the task of the tables still to place, each device holding what they
 leave it (``rest_task``), a plan of those with them (``with_fixed``), and what they cost
 each device (``fixed_ms``)."""
 
@@ -22,13 +22,18 @@ def placed_memory(task: Task, placements: Sequence[TablePlacement]) -> np.ndarra
     return np.asarray(used, dtype=np.int64)
 
 
+def taken_memory(task: Task, placements: Sequence[TablePlacement]) -> np.ndarray:
+    """Bytes [D] taken on each device: the task's reserved bytes and the placements'."""
+    return np.asarray(task.reserved, dtype=np.int64) + placed_memory(task, placements)
+
+
 def rest_task(task: Task, fixed: Sequence[TablePlacement]) -> Task:
     """The tables the placement search places, each device holding what the fixed ones
     (and the task's reserved bytes) leave of its memory."""
     if not fixed:
         return task
     names = {p.table for p in fixed}
-    taken = np.asarray(task.reserved, dtype=np.int64) + placed_memory(task, fixed)
+    taken = taken_memory(task, fixed)
     return task.subset([t.name for t in task.tables if t.name not in names], tuple(int(b) for b in taken))
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from torchrec_neuroshard.hosts import spread_over_hosts
 from torchrec_neuroshard.search.config import SearchConfig
-from torchrec_neuroshard.search.fixed import placed_memory, with_fixed
+from torchrec_neuroshard.search.fixed import placed_memory, taken_memory, with_fixed
 from torchrec_neuroshard.search.greedy import Keys, greedy_runs, plan_of
 from torchrec_neuroshard.stepcost import Collectives, Embedder, data_parallel_ms, predict_step
 from torchrec_neuroshard.types import (
@@ -67,7 +67,7 @@ def choose_kinds(
         left = [t for t in replicable if t.name not in taken][: len(open_tables) - len(rows) - 1]
         for n_dp in sorted({min(k, len(left)) for k in config.data_parallel_grid}):
             grid.append(given + rows + tuple(TablePlacement.data_parallel(t.name) for t in left[:n_dp]))
-    cheapest = _cheapest(task, model, config, keys, embed, grid, len(given))
+    cheapest = _cheapest(task, model, config, keys, embed, grid, given)
     return cheapest if cheapest is not None else given
 
 
@@ -102,9 +102,9 @@ def _replication_candidates(
 
 
 def _cheapest(
-    task: Task, model: CostModel, config: SearchConfig, keys: Keys, embed: Embedder, grid: Sequence[Kinds], n_given: int
+    task: Task, model: CostModel, config: SearchConfig, keys: Keys, embed: Embedder, grid: Sequence[Kinds], given: Kinds
 ) -> Kinds | None:
-    """The kinds of ``grid`` (each its ``n_given`` given placements first) whose quick
+    """The kinds of ``grid`` (each the ``given`` placements first) whose quick
     greedy placement of the other tables (whole, in lockstep) the whole step prices
     lowest; None when no placement fits memory. Every device starts from the bytes the
     given placements take on it; a choice's own row splits and replicas lower every
@@ -114,10 +114,8 @@ def _cheapest(
     for fixed in grid:
         names = {p.table for p in fixed}
         states.append(tuple(() if t.name in names else (t.dim,) for t in task.tables))
-    given = grid[0][:n_given]
-    reserved = np.asarray(task.reserved) + placed_memory(task, given)
-    caps = [task.memory_cap_bytes - placed_memory(task, fixed[n_given:]).max() for fixed in grid]
-    runs = greedy_runs(task, model, keys, states, config.kind_scales, caps, reserved)
+    caps = [task.memory_cap_bytes - placed_memory(task, fixed[len(given) :]).max() for fixed in grid]
+    runs = greedy_runs(task, model, keys, states, config.kind_scales, caps, taken_memory(task, given))
     per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
     best: tuple[float, Kinds] | None = None
     for i, fixed in enumerate(grid):

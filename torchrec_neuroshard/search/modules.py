@@ -20,7 +20,7 @@ from typing import Iterator, Mapping
 import numpy as np
 
 from torchrec_neuroshard.search.config import SearchContext
-from torchrec_neuroshard.search.fixed import placed_memory
+from torchrec_neuroshard.search.fixed import taken_memory
 from torchrec_neuroshard.search.joint import joint_plan
 from torchrec_neuroshard.stepcost import CachedEmbedder, StepPrediction, predict_step
 from torchrec_neuroshard.types import (
@@ -56,7 +56,7 @@ def plan_by_module(task: Task, given: tuple[TablePlacement, ...], context: Searc
         searched = [n for n in names if n not in fixed]
         if not searched:
             continue
-        taken = np.asarray(task.reserved) + placed_memory(task, [p for p in placements if p.table not in names])  # [D]
+        taken = taken_memory(task, [p for p in placements if p.table not in names])  # [D]
         free = np.maximum(task.memory_cap_bytes - taken, 0).sum()
         for later in order[k:]:  # fail before searching when a module's tables cannot fit what is left
             if sum(bytes_of[n] for n in later if n not in fixed) > free:
