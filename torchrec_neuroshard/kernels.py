@@ -49,6 +49,8 @@ CACHE_AUX_BYTES_PER_SLOT = 16
 def kernel_of(value: object, table: str) -> ComputeKernel:
     """``value`` ("fused", "fused_uvm", "fused_uvm_caching" or a ``ComputeKernel``) as a
     ``ComputeKernel``, or a ``ShardingError`` naming ``table`` and the kernels we plan."""
+    if type(value) is ComputeKernel:
+        return value
     try:
         return ComputeKernel(value)
     except ValueError:

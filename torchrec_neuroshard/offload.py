@@ -91,7 +91,7 @@ def kernel_options(
         if kernel.cached:
             factors = [table.load_factor] if table.load_factor is not None else LOAD_FACTORS
         for factor in factors:
-            on_kernel = replace(spec, kernel=kernel, cache_load_factor=factor)
+            on_kernel = spec.on_kernel(kernel, factor)
             shard = Shard(on_kernel, spec.dim)
             hbm, host = shard.storage(ShardingKind.TABLE_WISE, batch_size, world_size)
             if hbm_cap is not None and hbm > hbm_cap and table.allowed & {ShardingKind.ROW_WISE, ShardingKind.TABLE_ROW_WISE}:
@@ -236,7 +236,7 @@ def place(
     over every rank where it fits no one rank's memory or may not be table-wise. ``caps``:
     each rank's (HBM, host memory). Raises ``InfeasibleError`` naming a table that fits nowhere."""
     hbm_cap, host_cap = caps
-    specs = [replace(t.spec, kernel=chosen[t.spec.name].kernel, cache_load_factor=chosen[t.spec.name].load_factor) for t in tables]
+    specs = [t.spec.on_kernel(chosen[t.spec.name].kernel, chosen[t.spec.name].load_factor) for t in tables]
     cost = dict(zip((s.name for s in specs), price(specs)))
     load, hbm, host = [0.0] * world, [0] * world, [0] * world
     quota = sum(chosen[s.name].hbm for s in specs) / world + max(chosen[s.name].hbm for s in specs)

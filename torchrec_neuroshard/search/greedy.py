@@ -113,13 +113,16 @@ class Placements:
             a[dst] = a[src]
 
     def place(self, model: CostModel, cells: np.ndarray, emb: np.ndarray, width: np.ndarray, size: np.ndarray) -> None:
-        """Add a shard (embedding ``emb`` [M, E], ``width`` and ``size`` [M]) to each of M
-        distinct devices ``cells`` [M] (placement * D + device) and re-predict them."""
+        """Add a shard (embedding ``emb`` [M, E], ``width`` and ``size`` [M]) to one device
+        of each of M distinct placements, ``cells`` [M] (placement * D + device), and
+        re-predict them."""
         placed = self.sums[cells] + emb  # [M, E]
         self.sums[cells] = placed
         self.dims.reshape(-1)[cells] += width.astype(np.int32)
-        self.mem.reshape(-1)[cells] += size
-        np.maximum.at(self.mem_max, cells // self.fwd.shape[1], self.mem.reshape(-1)[cells])
+        mem = self.mem.reshape(-1)
+        mem[cells] += size
+        p = cells // self.fwd.shape[1]
+        self.mem_max[p] = np.maximum(self.mem_max[p], mem[cells])
         cost = model.device_cost(placed)  # [M, 2]
         fwd, bwd, load = (a.reshape(-1) for a in (self.fwd, self.bwd, self.load))
         fwd[cells], bwd[cells] = cost[:, 0], cost[:, 1]
@@ -324,15 +327,19 @@ def _least_loaded_with_room(
     w`` is exactly ``dims + w > cap``, and for integer ``dims`` (the greedy's int32) it is
     ``dims > floor(cap - w)``, compared in their own type. ``mem_max`` [G], each
     placement's fullest device (default: computed), spares the placements whose every
-    device has room the memory comparison. One argmin finds the least device, a second one
-    whether another is within the tolerance; only those placements compare memory."""
+    device has room the memory comparison (where they are most, all compare at once). One
+    argmin finds the least device, a second one whether another is within the tolerance;
+    only those placements compare memory."""
     rows = np.arange(len(load))
     if np.issubdtype(dims.dtype, np.integer):
         dim_room = np.clip(np.floor(dim_room), np.iinfo(dims.dtype).min, np.iinfo(dims.dtype).max).astype(dims.dtype)
-    masked = np.where(dims > dim_room[:, None], np.inf, load)  # [G, D]
+    blocked = dims > dim_room[:, None]  # [G, D]
     full = np.flatnonzero((mem.max(1) if mem_max is None else mem_max) > mem_room)
-    if full.size:
-        masked[full] = np.where(mem[full] > mem_room[full, None], np.inf, masked[full])
+    if 4 * full.size > len(load):  # most placements: one pass over all beats gathering them
+        blocked |= mem > mem_room[:, None]
+    elif full.size:
+        blocked[full] |= mem[full] > mem_room[full, None]
+    masked = np.where(blocked, np.inf, load)  # [G, D]
     first = masked.argmin(1)
     least = masked[rows, first]
     masked[rows, first] = np.inf

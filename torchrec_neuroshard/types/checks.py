@@ -21,6 +21,8 @@ def whole_number(value: object, what: str) -> int:
 
 def finite_non_negative(value: object) -> bool:
     """``value`` is a real number (not a bool), finite and >= 0."""
+    if type(value) is float or type(value) is int:  # the common case, without the ABC checks
+        return math.isfinite(value) and value >= 0
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 

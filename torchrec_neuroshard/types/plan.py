@@ -4,7 +4,7 @@ checks itself against a task."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Collection, Sequence
 
 from torchrec_neuroshard.errors import InfeasibleError, ShardingError
@@ -72,9 +72,7 @@ class TablePlacement:
 
     def spec_of(self, table: TableSpec) -> TableSpec:
         """``table`` on this placement's kernel."""
-        if (table.kernel, table.cache_load_factor) == (self.kernel, self.cache_load_factor):
-            return table
-        return replace(table, kernel=self.kernel, cache_load_factor=self.cache_load_factor)
+        return table.on_kernel(self.kernel, self.cache_load_factor)
 
     @staticmethod
     def data_parallel(table: str) -> "TablePlacement":

@@ -3,6 +3,7 @@ sharding kinds a table may take."""
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 from dataclasses import asdict, dataclass
@@ -144,6 +145,18 @@ class TableSpec:
                 f"table {self.name!r}: optimizer_multiplier must be finite and >= 0, got {self.optimizer_multiplier!r}"
             )
         object.__setattr__(self, "optimizer_multiplier", float(self.optimizer_multiplier))
+
+    def on_kernel(self, kernel: ComputeKernel | str, cache_load_factor: float | None = None) -> "TableSpec":
+        """This table on ``kernel`` (with ``cache_load_factor`` for fused_uvm_caching), both
+        checked; the rest was checked when this table was made, so it is not again."""
+        kernel = kernel_of(kernel, self.name)
+        cache_load_factor = check_cache_load_factor(kernel, cache_load_factor, self.name)
+        if (kernel, cache_load_factor) == (self.kernel, self.cache_load_factor):
+            return self
+        moved = copy.copy(self)
+        object.__setattr__(moved, "kernel", kernel)
+        object.__setattr__(moved, "cache_load_factor", cache_load_factor)
+        return moved
 
     def size_bytes(self, width: int | None = None) -> int:
         """Weight bytes of the table, or of a column shard of ``width`` columns."""
