@@ -43,12 +43,12 @@ class TablePlacement:
         kind = self.kind
         if kind is None:
             kind = ShardingKind.TABLE_WISE if len(self.widths) == 1 else ShardingKind.COLUMN_WISE
-        object.__setattr__(self, "kind", ShardingKind(kind))
-        object.__setattr__(self, "widths", tuple(int(w) for w in self.widths))
-        object.__setattr__(self, "devices", tuple(int(d) for d in self.devices))
-        object.__setattr__(self, "rows", tuple(int(r) for r in self.rows))
-        shards = self.widths if self.kind.splits_columns else self.rows
-        other = self.rows if self.kind.splits_columns else self.widths
+        object.__setattr__(self, "kind", kind if type(kind) is ShardingKind else ShardingKind(kind))
+        object.__setattr__(self, "widths", tuple(map(int, self.widths)))
+        object.__setattr__(self, "devices", tuple(map(int, self.devices)))
+        object.__setattr__(self, "rows", tuple(map(int, self.rows)))
+        columns = self.kind.splits_columns
+        shards, other = (self.widths, self.rows) if columns else (self.rows, self.widths)
         if self.kind is ShardingKind.DATA_PARALLEL:
             if self.widths or self.devices or self.rows:
                 raise ShardingError(f"table {self.table!r}: a data_parallel table has no shards to place")
