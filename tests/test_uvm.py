@@ -97,6 +97,19 @@ def test_plans_carry_kernels_and_old_files_read_as_fused() -> None:
     assert Task.from_json(replace(task, host_memory_cap_bytes=None).to_json()).host_memory_cap_bytes is None
 
 
+def test_a_table_moves_to_a_kernel_as_a_new_table_would_be_made_there() -> None:
+    a = _table("a", rows=1000)
+    assert a.on_kernel(CACHING, 0.25) == replace(a, kernel=CACHING, cache_load_factor=0.25)
+    assert a.on_kernel("fused_uvm") == replace(a, kernel=UVM) and a.on_kernel(FUSED) is a
+    assert a.kernel is FUSED  # the table itself is left as it was
+    with pytest.raises(ShardingError, match="table .a.: fused_uvm_caching needs a cache_load_factor in \\(0, 1\\]"):
+        a.on_kernel(CACHING, 1.5)
+    with pytest.raises(ShardingError, match="table 'a': cache_load_factor 0.5 given for the fused_uvm kernel"):
+        a.on_kernel(UVM, 0.5)
+    with pytest.raises(ShardingError, match="table 'a': compute kernel 'key_value' is not one NeuroShard plans"):
+        a.on_kernel("key_value")
+
+
 def test_validate_checks_both_memories_and_kernel_fields() -> None:
     a = _table("a", rows=1000)
     task = Task((a,), 2, 10**9, 64, host_memory_cap_bytes=10**9)

@@ -47,7 +47,7 @@ def samples(rows: list[dict]) -> dict[tuple[int, int], dict[str, dict]]:
 def row_shards(row: dict) -> list[Shard]:
     """A row's shards, each on the row's kernel (and cache load factor)."""
     kernel, factor = ComputeKernel(row["kernel"]), row["cache_load_factor"]
-    return [replace(s, table=replace(s.table, kernel=kernel, cache_load_factor=factor)) for s in map(shard_from_record, row["shards"])]
+    return [replace(s, table=s.table.on_kernel(kernel, factor)) for s in map(shard_from_record, row["shards"])]
 
 
 def sample_features(row: dict) -> np.ndarray:

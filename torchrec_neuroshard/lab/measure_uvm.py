@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +56,7 @@ def draw_uvm_sample(index: int, seed: int = 0) -> tuple[list[Shard], float]:
 
 def on_kernel(shards: list[Shard], kernel: ComputeKernel, load_factor: float) -> list[Shard]:
     factor = load_factor if kernel is ComputeKernel.FUSED_UVM_CACHING else None
-    return [Shard(replace(s.table, kernel=kernel, cache_load_factor=factor), s.width) for s in shards]
+    return [Shard(s.table.on_kernel(kernel, factor), s.width) for s in shards]
 
 
 def measure_sample(index: int, device: torch.device, seed: int = 0) -> list[dict]:
