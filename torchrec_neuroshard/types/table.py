@@ -149,10 +149,10 @@ class TableSpec:
     def on_kernel(self, kernel: ComputeKernel | str, cache_load_factor: float | None = None) -> "TableSpec":
         """This table on ``kernel`` (with ``cache_load_factor`` for fused_uvm_caching), both
         checked; the rest was checked when this table was made, so it is not again."""
+        if kernel == self.kernel and cache_load_factor == self.cache_load_factor:
+            return self  # already there (and so both valid)
         kernel = kernel_of(kernel, self.name)
         cache_load_factor = check_cache_load_factor(kernel, cache_load_factor, self.name)
-        if (kernel, cache_load_factor) == (self.kernel, self.cache_load_factor):
-            return self
         moved = copy.copy(self)
         object.__setattr__(moved, "kernel", kernel)
         object.__setattr__(moved, "cache_load_factor", cache_load_factor)
