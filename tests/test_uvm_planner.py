@@ -148,6 +148,28 @@ def test_constraints_fix_kernels_and_load_factors() -> None:
     assert module_plan[second].cache_params.load_factor == 0.37
 
 
+def test_a_sharders_fused_params_set_the_load_factor_where_constraints_do_not() -> None:
+    """As in TorchRec's planner and kernels: a table's constraint cache_params.load_factor,
+    else its sharder's fused_params cache_load_factor; one outside (0, 1] names the module."""
+    task = full_size(8, 12, 1)
+    topology, constraints, per_rank = setting(task, to_host=0.5)
+    for t in task.tables:
+        constraints[t.name] = ParameterConstraints(pooling_factors=[t.pooling_factor], compute_kernels=["fused", "fused_uvm_caching"])
+    first = task.tables[0].name
+    constraints[first] = ParameterConstraints(
+        pooling_factors=[task.tables[0].pooling_factor], compute_kernels=["fused_uvm_caching"], cache_params=CacheParams(load_factor=0.05)
+    )
+    sharders = [EmbeddingBagCollectionSharder(fused_params={"cache_load_factor": 0.15})]
+    planner = NeuroShardPlanner(topology, per_rank, constraints=constraints, storage_reservation=0.0)
+    sharding_plan = planner.plan(module_for_tables(task.tables), sharders)
+    cached = {p.table: p.cache_load_factor for p in planner.plan_.placements if p.kernel is ComputeKernel.FUSED_UVM_CACHING}
+    assert cached.pop(first) == 0.05 and cached and set(cached.values()) == {0.15}  # 0.15: not a factor it tries
+    assert {name: ps.cache_params.load_factor for name, ps in sharding_plan.plan[""].items() if name in cached} == cached
+    sharders = [EmbeddingBagCollectionSharder(fused_params={"cache_load_factor": 1.5})]
+    with pytest.raises(ShardingError, match=r"module '': its EmbeddingBagCollectionSharder's fused_params cache_load_factor=1.5 is not in \(0, 1\]"):
+        NeuroShardPlanner(topology, per_rank, constraints=constraints).plan(module_for_tables(task.tables), sharders)
+
+
 def test_the_issues_model_of_410_gb_on_8_gpus_of_32_gb() -> None:
     """Issue 27's model: 16 tables of 50M rows x 128 (410 GB) on 8 GPUs of 32 GB HBM and
     512 GB host memory each, TorchRec's defaults otherwise. It refused (a table fitting no
@@ -204,6 +226,51 @@ def test_our_estimator_inside_torchrecs_planner_prices_each_option_on_its_kernel
     options["fused"].compute_kernel = "dram_virtual_table"
     with pytest.raises(ShardingError, match="table 'x': compute kernel 'dram_virtual_table' is not one NeuroShard plans"):
         NeuralPerfEstimator(topo, cons, cost_model=model).estimate([options["fused"]])
+
+
+def test_our_estimator_and_perf_model_size_a_cache_by_the_sharders_fused_params() -> None:
+    """A UVM cache without cache_params is sized by its sharder's fused_params, as TorchRec's
+    storage estimator sizes it: priced as the same option with that load factor set."""
+    import copy
+
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    from torchrec_neuroshard.estimators import NeuralPerfEstimator, NeuralPerfModel
+
+    task = full_size(2, 1, 0)
+    topo = Topology(world_size=2, compute_device="cuda", hbm_cap=10**11, ddr_cap=10**12, local_world_size=2)
+    cons = {task.tables[0].name: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused_uvm_caching"])}
+    sharders = [EmbeddingBagCollectionSharder(fused_params={"cache_load_factor": 0.05})]
+    estimator = NeuralPerfEstimator(topo, cons, batch_size=task.per_rank_batch)
+    enumerator = EmbeddingEnumerator(topo, task.per_rank_batch, cons, estimator=[estimator])
+    (option,) = enumerator.enumerate(module_for_tables(task.tables), sharders)
+    fixed = copy.deepcopy(option)
+    fixed.cache_params = CacheParams(load_factor=0.05)
+    default = copy.deepcopy(option)
+    estimator.estimate([fixed])
+    estimator.estimate([default])  # no sharders: TorchRec's default load factor, 0.2
+    assert option.shards[0].perf == fixed.shards[0].perf != default.shards[0].perf
+    with_sharders = NeuralPerfModel(topo, batch_size=task.per_rank_batch, sharders=sharders)
+    without = NeuralPerfModel(topo, batch_size=task.per_rank_batch)
+    assert with_sharders.rate([option]) == without.rate([fixed]) != without.rate([option])
+
+
+def test_a_torchrec_plan_reads_back_at_the_load_factor_its_sharders_run_its_caches() -> None:
+    """TorchRec's planner leaves cache_params out where only the sharder's fused_params set
+    the load factor; our Plan of it records that factor, not TorchRec's default."""
+    from torchrec_neuroshard.sharding import sharder_load_factors
+
+    task = full_size(8, 12, 1)
+    topology, constraints, per_rank = setting(task, to_host=0.5)
+    sharders = [EmbeddingBagCollectionSharder(fused_params={"cache_load_factor": 0.05})]
+    module = module_for_tables(task.tables)
+    reservation = FixedPercentageStorageReservation(0.0)
+    theirs = EmbeddingShardingPlanner(topology, per_rank, storage_reservation=reservation, constraints=constraints).plan(module, sharders)
+    cached = [name for name, ps in theirs.plan[""].items() if ps.compute_kernel == "fused_uvm_caching"]
+    assert cached and all(theirs.plan[""][name].cache_params is None for name in cached)
+    read = from_torchrec(theirs, 8, sharder_load_factors(module, sharders))
+    assert {read.placement(name).cache_load_factor for name in cached} == {0.05}
+    assert {from_torchrec(theirs, 8).placement(name).cache_load_factor for name in cached} == {0.2}
 
 
 def test_the_plan_kept_is_warned_about_once_however_many_proposals_were_searched(caplog) -> None:

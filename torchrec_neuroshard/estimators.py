@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 from torchrec.distributed.planner.types import (
@@ -26,12 +26,13 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
+from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.types import ShardingType
 
 from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.costmodel import NeuralCostModel, feature_range_warning, load_pretrained
 from torchrec_neuroshard.access import uniform_access_histogram
-from torchrec_neuroshard.kernels import ComputeKernel, kernel_of
+from torchrec_neuroshard.kernels import ComputeKernel, kernel_of, sharder_load_factor
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Shard, ShardingError, ShardingKind, TableSpec
 from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
@@ -48,22 +49,34 @@ def _sees_all_lookups(sharding_type: str) -> bool:
     return kind.splits_columns
 
 
-def _option_kernel(option: ShardingOption) -> tuple[ComputeKernel, float | None]:
+Sharders = Mapping[str, object]
+"""The sharders (or TorchRec's ``SharderData``) by ``sharder_name`` of their module type, as
+TorchRec's enumerator hands them to its estimators: only their ``fused_params`` are read."""
+
+
+def _option_kernel(option: ShardingOption, sharders: Sharders | None) -> tuple[ComputeKernel, float | None]:
     """The option's compute kernel and cache load factor as we price them: TorchRec's dense
-    (a data-parallel replica, in HBM) as fused, a UVM cache without ``cache_params`` at
-    TorchRec's default ``UVM_CACHING_RATIO``; a kernel we have no price for is an error."""
+    (a data-parallel replica, in HBM) as fused, a UVM cache without ``cache_params`` at its
+    sharder's ``fused_params`` cache_load_factor, else TorchRec's default
+    ``UVM_CACHING_RATIO`` (as TorchRec's storage estimator sizes it); a kernel we have no
+    price for is an error."""
     if option.compute_kernel == "dense":
         return ComputeKernel.FUSED, None
     kernel = kernel_of(option.compute_kernel, option.name)
-    factor = option.cache_load_factor if option.cache_load_factor is not None else UVM_CACHING_RATIO
+    factor = option.cache_load_factor
+    if factor is None:
+        factor = sharder_load_factor((sharders or {}).get(sharder_name(type(option.module[1]))))
+        factor = UVM_CACHING_RATIO if factor is None else factor
     return kernel, factor if kernel.cached else None
 
 
-def _shard_spec(option: ShardingOption, rows: int, width: int, batch: int, pooling_scale: float, access_hists: Mapping[str, tuple[float, ...]]) -> Shard:
+def _shard_spec(
+    option: ShardingOption, rows: int, width: int, batch: int, pooling_scale: float, access_hists: Mapping[str, tuple[float, ...]], sharders: Sharders | None
+) -> Shard:
     pf = float(sum(option.input_lengths)) * pooling_scale
     width = max(WIDTH_ALIGNMENT, -(-width // WIDTH_ALIGNMENT) * WIDTH_ALIGNMENT)
     hist = access_hists.get(option.name) or uniform_access_histogram(rows, pf * batch)
-    kernel, load_factor = _option_kernel(option)
+    kernel, load_factor = _option_kernel(option, sharders)
     # the option's weight dtype, kernel and kind (an EmbeddingCollection's options are unpooled)
     spec = TableSpec(
         option.name, rows, width, pf, tuple(hist), bytes_per_element=option.tensor.element_size(),
@@ -78,14 +91,16 @@ def _priced(model: CostModel, batch: int) -> CostModel:
     return UvmPricedModel(model, UvmPricing.shipped(), batch)
 
 
-def _option_shards(option: ShardingOption, world: int, batch: int, access_hists: Mapping[str, tuple[float, ...]]) -> list[Shard]:
+def _option_shards(
+    option: ShardingOption, world: int, batch: int, access_hists: Mapping[str, tuple[float, ...]], sharders: Sharders | None
+) -> list[Shard]:
     """Our view of each TorchRec shard: a (rows x width) table seeing some of the lookups.
 
     Column and table shards see every lookup of the global batch; a row shard sees about
     1/world of them; a data-parallel replica sees its local batch (1/world of the bags).
     """
     scale = 1.0 if _sees_all_lookups(option.sharding_type) else 1.0 / world
-    return [_shard_spec(option, int(s.size[0]), int(s.size[1]), batch, scale, access_hists) for s in option.shards]
+    return [_shard_spec(option, int(s.size[0]), int(s.size[1]), batch, scale, access_hists, sharders) for s in option.shards]
 
 
 def global_batch(per_rank: int, world: int) -> int:
@@ -132,19 +147,22 @@ class NeuralPerfEstimator(ShardEstimator):
         self.batch_size = batch_size
         self.access_hists = dict(access_hists or {})
 
-    def estimate(self, sharding_options: list[ShardingOption], sharder_data_map: object = None) -> None:
+    def estimate(self, sharding_options: list[ShardingOption], sharder_data_map: Sharders | None = None) -> None:
         if not sharding_options:
             return
         world = self.topology.world_size
         batch = global_batch(sharding_options[0].batch_size if self.batch_size is None else self.batch_size, world)
         base = self.model.with_batch_size(batch)
         model = _priced(base, batch)
-        whole = {o.name: _shard_spec(o, o.tensor.shape[0], o.tensor.shape[1], batch, 1.0, self.access_hists).table for o in sharding_options}
+        whole = {
+            o.name: _shard_spec(o, o.tensor.shape[0], o.tensor.shape[1], batch, 1.0, self.access_hists, sharder_data_map).table
+            for o in sharding_options
+        }
         outside = feature_range_warning(base, list(whole.values()))
         if outside:
             logger.warning("%s", outside)
         for option in sharding_options:
-            shards = _option_shards(option, world, batch, self.access_hists)
+            shards = _option_shards(option, world, batch, self.access_hists, sharder_data_map)
             compute = np.asarray(model.compute_cost([[s] for s in shards]), dtype=np.float64)
             dims = np.zeros((len(shards) + 1, max(world, 1)), dtype=np.float32)
             for i, s in enumerate(shards):
@@ -169,7 +187,8 @@ class NeuralPerfEstimator(ShardEstimator):
 class NeuralPerfModel(PerfModel):
     """Rates a whole plan (ms): per rank, the kernel cost of all its shards (each on its
     option's compute kernel) plus its all-to-all with every rank's dim sum and compute
-    skew; the max over ranks."""
+    skew; the max over ranks. A ``PerfModel`` is not handed the sharders: give the planner's
+    ``sharders`` for a UVM cache whose load factor only their ``fused_params`` set."""
 
     def __init__(
         self,
@@ -177,6 +196,7 @@ class NeuralPerfModel(PerfModel):
         cost_model: NeuralCostModel | None = None,
         batch_size: int | None = None,
         access_hists: Mapping[str, tuple[float, ...]] | None = None,
+        sharders: Sequence[object] | None = None,
     ) -> None:
         if batch_size is not None:
             global_batch(batch_size, topology.world_size)  # a bad batch fails here, not at planning
@@ -184,6 +204,7 @@ class NeuralPerfModel(PerfModel):
         self.model = cost_model or load_pretrained("cpu")
         self.batch_size = batch_size
         self.access_hists = dict(access_hists or {})
+        self.sharders = sharders
 
     def rate(self, plan: list[ShardingOption]) -> float:
         world = self.topology.world_size
@@ -191,10 +212,11 @@ class NeuralPerfModel(PerfModel):
             return 0.0
         batch = global_batch(plan[0].batch_size if self.batch_size is None else self.batch_size, world)
         model = _priced(self.model.with_batch_size(batch), batch)
+        sharders = {sharder_name(s.module_type): s for s in self.sharders or ()}
         devices: list[list[Shard]] = [[] for _ in range(world)]
         dims = np.zeros((1, world), dtype=np.float32)
         for option in plan:
-            for shard, ours in zip(option.shards, _option_shards(option, world, batch, self.access_hists)):
+            for shard, ours in zip(option.shards, _option_shards(option, world, batch, self.access_hists, sharders)):
                 rank = shard.rank if shard.rank is not None else 0
                 devices[rank].append(ours)
                 if option.sharding_type != ShardingType.DATA_PARALLEL.value:

@@ -46,6 +46,13 @@ CACHE_AUX_BYTES_PER_SLOT = 16
 """UVM caching's ``lxu_cache_state`` and ``lru_state``: two int64 per cache slot."""
 
 
+def sharder_load_factor(sharder: object) -> float | None:
+    """The cache load factor a sharder's ``fused_params`` set (a ``ModuleSharder`` or
+    TorchRec's ``SharderData``), None if unset: TorchRec's planner and kernels take it for a
+    UVM cache without ``cache_params``."""
+    return (getattr(sharder, "fused_params", None) or {}).get("cache_load_factor")
+
+
 def kernel_of(value: object, table: str) -> ComputeKernel:
     """``value`` ("fused", "fused_uvm", "fused_uvm_caching" or a ``ComputeKernel``) as a
     ``ComputeKernel``, or a ``ShardingError`` naming ``table`` and the kernels we plan."""

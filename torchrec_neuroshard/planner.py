@@ -54,7 +54,7 @@ from torchrec_neuroshard.planner_args import (
 )
 from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
-from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
+from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats, log_stats, stats_list, table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import ModuleTable, module_tables
@@ -248,7 +248,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             options = apply_callbacks(self.callbacks, options)
             sharding_plan = to_sharding_plan(options, self.topology)
             try:
-                self.plan_ = from_torchrec(sharding_plan, self.topology.world_size)
+                self.plan_ = from_torchrec(sharding_plan, self.topology.world_size, sharder_load_factors(module, sharders))
             except ShardingError:
                 if tables is not None:  # a callback made a sharding we cannot record: say so
                     raise

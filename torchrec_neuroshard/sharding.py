@@ -12,9 +12,9 @@ from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, Shard
 from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
 from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-from torchrec_neuroshard.kernels import ComputeKernel, kernel_of
+from torchrec_neuroshard.kernels import ComputeKernel, kernel_of, sharder_load_factor
 
-from torchrec_neuroshard.tables import ModuleTable, module_shapes, table_key
+from torchrec_neuroshard.tables import ModuleTable, module_shapes, shardable_modules, table_key
 from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TablePlacement, WIDTH_ALIGNMENT
 
 FUSED = ComputeKernel.FUSED.value
@@ -140,13 +140,21 @@ def _rank_of(placement: object) -> int:
     return int(rank)
 
 
-def from_torchrec(sharding_plan: ShardingPlan, num_devices: int) -> Plan:
+def sharder_load_factors(module: nn.Module, sharders: Sequence[object]) -> dict[str, float]:
+    """By module path, the cache load factor its sharder's ``fused_params`` set: what a
+    UVM cache without ``cache_params`` runs at under DMP (modules whose sharders set none
+    are left out)."""
+    factors = {path: sharder_load_factor(sharder) for path, (_, sharder) in shardable_modules(module, sharders).items()}
+    return {path: factor for path, factor in factors.items() if factor is not None}
+
+
+def from_torchrec(sharding_plan: ShardingPlan, num_devices: int, load_factors: Mapping[str, float] | None = None) -> Plan:
     """Our ``Plan`` from a TorchRec plan: the only place that reads TorchRec sharding
     objects, so TorchRec's own plans are measured by the same code as ours.
 
     Each sharded table gets its compute kernel (fused, fused_uvm_caching with its
-    ``cache_params.load_factor``, TorchRec's default ``UVM_CACHING_RATIO`` when it has none,
-    or fused_uvm).
+    ``cache_params.load_factor``, when it has none its module's in ``load_factors``
+    (``sharder_load_factors``), else TorchRec's default ``UVM_CACHING_RATIO``; or fused_uvm).
 
     A table is named as in its module, or ``path.name`` where several modules hold a table
     of that name (``tables.table_key``). Raises ``ShardingError`` for kinds a ``Plan`` does
@@ -178,7 +186,7 @@ def from_torchrec(sharding_plan: ShardingPlan, num_devices: int) -> Plan:
             load_factor = None
             if kernel is ComputeKernel.FUSED_UVM_CACHING:
                 given = ps.cache_params.load_factor if ps.cache_params is not None else None
-                load_factor = UVM_CACHING_RATIO if given is None else given
+                load_factor = (load_factors or {}).get(path, UVM_CACHING_RATIO) if given is None else given
             widths, rows = (sizes, ()) if kind.splits_columns else ((), sizes)
             placements.append(TablePlacement(name, widths, devices, kind, rows, kernel, load_factor))
     return Plan(tuple(placements), num_devices)

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from torchrec_neuroshard.access import uniform_access_histogram
-from torchrec_neuroshard.kernels import ComputeKernel, check_cache_load_factor
+from torchrec_neuroshard.kernels import ComputeKernel, check_cache_load_factor, sharder_load_factor
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableChoices, TableSpec
 
 if TYPE_CHECKING:
@@ -31,7 +31,8 @@ class ModuleTable:
     ``TableSpec``, the sharding kinds its constraints and its module's sharder allow, the
     narrowest column shard it may be cut into, the compute kernels it may run on (its
     sharder's on the device, narrowed by its constraints' ``compute_kernels``) and the
-    cache load factor its constraints' ``cache_params`` fix (None: the planner chooses).
+    cache load factor its constraints' ``cache_params`` fix, else its sharder's
+    ``fused_params`` (as TorchRec's planner reads them; None: the planner chooses).
     ``name`` is the table's name in its module; ``spec.name`` the key the plan knows it by
     (``table_key``: the same, or ``path.name`` for a name that several modules use)."""
 
@@ -134,9 +135,9 @@ def table_key(path: str, name: str, modules_with_name: int) -> str:
 
 def _walk(
     module: nn.Module, sharders: Sequence[ModuleSharder] | None, compute_device: str
-) -> Iterator[tuple[str, frozenset[ShardingKind], frozenset[ComputeKernel], object, bool, str, nn.Parameter | None, str]]:
+) -> Iterator[tuple[str, frozenset[ShardingKind], tuple[frozenset[ComputeKernel], float | None], object, bool, str, nn.Parameter | None, str]]:
     """(module path, sharding kinds its sharder offers, the kernels it offers of those we
-    plan, embedding config, pooled, dtype name, weight parameter, ``table_key``) of every
+    plan with its cache load factor, embedding config, pooled, dtype name, weight parameter, ``table_key``) of every
     table of every module a sharder shards, in module order: one walk of the configs, with
     the checks that need no constraints (a module without tables, a sharder offering
     nothing here, unsupported dtypes)."""
@@ -157,7 +158,7 @@ def _walk(
                 f"on {compute_device} (TorchRec's planner fails on it too); leave that sharder out of `sharders` "
                 "to keep the module unsharded (replicated), or plan on a device it supports"
             )
-        kernels = _sharder_kernels(sharder, offered, compute_device)
+        kernels = _sharder_kernels(sharder, offered, compute_device, path)
         configs, pooled = _configs(path, owner)
         weights = {name.rsplit(".", 2)[-2]: p for name, p in owner.named_parameters() if name.endswith(".weight")}
         walked.append((path, offered, kernels, configs, pooled, weights))
@@ -237,16 +238,17 @@ def _constrained(
     path: str,
     spec: TableSpec,
     offered: frozenset[ShardingKind],
-    kernels: frozenset[ComputeKernel],
+    sharder_kernels: tuple[frozenset[ComputeKernel], float | None],
     c: ParameterConstraints | None,
     compute_device: str,
 ) -> ModuleTable:
     """The table ``spec`` of the module at ``path`` with what its sharder ``offered`` (kinds,
-    ``kernels``) narrowed by its constraints ``c`` (``sharding_types``, ``min_partition``,
-    ``compute_kernels``); a ``ShardingError`` naming the fix when they leave no kind."""
+    kernels and their cache load factor) narrowed by its constraints ``c`` (``sharding_types``,
+    ``min_partition``, ``compute_kernels``, ``cache_params``); a ``ShardingError`` naming the
+    fix when they leave no kind."""
     allowed = offered
     min_width = WIDTH_ALIGNMENT if spec.pooled else sequence_min_width(spec.dim)
-    load_factor = None
+    kernels, load_factor = sharder_kernels[0], None
     if c is not None:
         kernels, load_factor = _constrained_kernels(spec.name, kernels, c, compute_device)
         if c.sharding_types:
@@ -258,6 +260,8 @@ def _constrained(
                     f"positive multiple of {WIDTH_ALIGNMENT}"
                 )
             min_width = max(min_width, int(c.min_partition))
+    if load_factor is None and ComputeKernel.FUSED_UVM_CACHING in kernels:
+        load_factor = sharder_kernels[1]  # TorchRec's order: the constraint's, then the sharder's
     if not allowed:
         unplanned = sorted(set(c.sharding_types) - {k.value for k in ShardingKind})
         why = (
@@ -316,10 +320,26 @@ def _kinds(sharding_types: Iterable[str], where: str) -> frozenset[ShardingKind]
     return frozenset(kinds)
 
 
-def _sharder_kernels(sharder: ModuleSharder, kinds: frozenset[ShardingKind], compute_device: str) -> frozenset[ComputeKernel]:
-    """The kernels of ours ``sharder`` offers for a sharded (not replicated) table on ``compute_device``."""
+def _sharder_kernels(
+    sharder: ModuleSharder, kinds: frozenset[ShardingKind], compute_device: str, path: str
+) -> tuple[frozenset[ComputeKernel], float | None]:
+    """The kernels of ours ``sharder`` offers for a sharded (not replicated) table on
+    ``compute_device``, and the cache load factor its ``fused_params`` set where it offers
+    fused_uvm_caching (TorchRec's planner and kernels take it for a table whose constraints
+    set none); a ``ShardingError`` naming the module for one outside (0, 1]."""
     offered = {k for kind in kinds - {ShardingKind.DATA_PARALLEL} for k in sharder.compute_kernels(kind.value, compute_device)}
-    return frozenset(k for k in ComputeKernel if k.value in offered) or frozenset({ComputeKernel.FUSED})
+    kernels = frozenset(k for k in ComputeKernel if k.value in offered) or frozenset({ComputeKernel.FUSED})
+    factor = sharder_load_factor(sharder)
+    if factor is None or ComputeKernel.FUSED_UVM_CACHING not in kernels:
+        return kernels, None
+    try:
+        return kernels, check_cache_load_factor(ComputeKernel.FUSED_UVM_CACHING, factor, path)
+    except ShardingError:
+        raise ShardingError(
+            f"module {path!r}: its {type(sharder).__name__}'s fused_params cache_load_factor={factor!r} is not in "
+            "(0, 1] (the share of a table's rows its HBM cache holds): fix it, or drop it to let the planner "
+            "choose each table's"
+        ) from None
 
 
 def _constrained_kernels(
