@@ -273,6 +273,34 @@ def test_a_torchrec_plan_reads_back_at_the_load_factor_its_sharders_run_its_cach
     assert {from_torchrec(theirs, 8).placement(name).cache_load_factor for name in cached} == {0.2}
 
 
+def test_torchrecs_planner_reads_a_tables_cache_as_our_pricing_sees_it() -> None:
+    """AccessCacheStatistics: the unique rows a batch looks up and the share our cache of the
+    hottest rows misses (all at no cache, none at all rows cached, never more with more
+    cache); TorchRec's EmbeddingOffloadScaleupProposer, given them, scales caches up."""
+    from dataclasses import replace
+
+    from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
+
+    from torchrec_neuroshard.estimators import AccessCacheStatistics
+    from torchrec_neuroshard.uvmcost import cached_share, unique_rows
+
+    task = full_size(8, 12, 1)
+    for t in task.tables:
+        stats = AccessCacheStatistics(t, task.batch_size)
+        misses = [stats.expected_miss_rate(clf) for clf in (0.0, 0.01, 0.05, 0.3, 1.0)]
+        assert misses[0] == 1.0 and misses[-1] == pytest.approx(0.0, abs=1e-12) and misses == sorted(misses, reverse=True)
+        assert misses[2] == pytest.approx(1 - cached_share(t, task.batch_size, 0.05))
+        assert stats.expected_lookups == pytest.approx(unique_rows(t, task.batch_size)) and 0 <= stats.cacheability <= 1
+    topology, constraints, per_rank = setting(task, to_host=0.5)
+    for t in task.tables:
+        stats = AccessCacheStatistics(t, task.batch_size)
+        constraints[t.name] = replace(constraints[t.name], cache_params=CacheParams(load_factor=0.1, stats=stats))
+    reservation = FixedPercentageStorageReservation(0.0)
+    planner = EmbeddingShardingPlanner(topology, per_rank, storage_reservation=reservation, constraints=constraints, proposer=EmbeddingOffloadScaleupProposer())
+    factors = [ps.cache_params.load_factor for ps in planner.plan(module_for_tables(task.tables), SHARDERS).plan[""].values() if ps.compute_kernel == "fused_uvm_caching"]
+    assert factors and max(factors) > 0.1
+
+
 def test_the_plan_kept_is_warned_about_once_however_many_proposals_were_searched(caplog) -> None:
     """two_tower's 40-row tables lie below every table the compute net learned; with HBM for
     a third of their bytes the planner searches several offload proposals, all past a

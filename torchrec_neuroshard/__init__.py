@@ -40,6 +40,7 @@ _EXPORTS = {
     "shard_model": "planner",
     "NeuralPerfEstimator": "estimators",
     "NeuralPerfModel": "estimators",
+    "AccessCacheStatistics": "estimators",
     "from_torchrec": "sharding",
     "to_torchrec": "sharding",
 }

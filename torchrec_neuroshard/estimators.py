@@ -2,7 +2,9 @@
 
 ``NeuralPerfEstimator`` (a ``ShardEstimator``) fills every shard's ``Perf`` from the
 pre-trained model; ``NeuralPerfModel`` (a ``PerfModel``) rates whole plans with the
-multi-table model, which sees fused-kernel effects that per-shard sums cannot::
+multi-table model, which sees fused-kernel effects that per-shard sums cannot;
+``AccessCacheStatistics`` gives TorchRec's planner a table's UVM cache as our pricing sees
+it (``CacheParams(stats=...)``)::
 
     enumerator = EmbeddingEnumerator(topology, batch_size, estimator=[
         NeuralPerfEstimator(topology), EmbeddingStorageEstimator(topology)])
@@ -27,14 +29,14 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
 from torchrec.distributed.planner.utils import sharder_name
-from torchrec.distributed.types import ShardingType
+from torchrec.distributed.types import CacheStatistics, ShardingType
 
 from torchrec_neuroshard.comm import AlphaBetaComm
 from torchrec_neuroshard.costmodel import NeuralCostModel, feature_range_warning, load_pretrained
 from torchrec_neuroshard.access import uniform_access_histogram
 from torchrec_neuroshard.kernels import ComputeKernel, kernel_of, sharder_load_factor
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Shard, ShardingError, ShardingKind, TableSpec
-from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
+from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing, cached_share, unique_rows
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +103,28 @@ def _option_shards(
     """
     scale = 1.0 if _sees_all_lookups(option.sharding_type) else 1.0 / world
     return [_shard_spec(option, int(s.size[0]), int(s.size[1]), batch, scale, access_hists, sharders) for s in option.shards]
+
+
+class AccessCacheStatistics(CacheStatistics):
+    """TorchRec's ``CacheStatistics`` of ``table``'s UVM cache at the GLOBAL ``batch_size``,
+    from its access histogram as ``uvmcost`` reads it: the unique rows a batch looks up, the
+    share a cache of the hottest rows misses, and cacheability, the mean miss rate over
+    load factors 0.01-1 (the area under the miss-ratio curve, as TorchRec defines it)."""
+
+    def __init__(self, table: TableSpec, batch_size: int) -> None:
+        self.table = table
+        self.batch_size = batch_size
+
+    @property
+    def expected_lookups(self) -> float:
+        return float(unique_rows(self.table, self.batch_size))
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return float(1.0 - cached_share(self.table, self.batch_size, clf))
+
+    @property
+    def cacheability(self) -> float:
+        return float(np.mean([self.expected_miss_rate(clf) for clf in np.linspace(0.01, 1.0, 100)]))
 
 
 def global_batch(per_rank: int, world: int) -> int:
