@@ -8,8 +8,10 @@ the pool, global batch 65,536; ``--tables`` each) on D = 8, 16, 64 cuda ranks (8
 each rank's HBM set to send 10-90% of the tables' bytes (as TorchRec counts them, fused)
 to host memory, and host memory of all the bytes per rank. Both planners plan the same
 meta-device model with its pooling factors as constraints and no storage reservation:
-TorchRec's ``EmbeddingShardingPlanner`` (its default proposers, analytic estimators) and
-``NeuroShardPlanner`` (the shipped H200 compute model, alpha-beta comm, the shipped UVM pricing).
+TorchRec's ``EmbeddingShardingPlanner`` (its default proposers, analytic estimators; and,
+given every table's cache statistics, with its default proposers and with its
+``EmbeddingOffloadScaleupProposer``: ``torchrec_plans``) and ``NeuroShardPlanner`` (the
+shipped H200 compute model, alpha-beta comm, the shipped UVM pricing).
 
 Every plan is priced two ways, both PREDICTIONS:
 
@@ -35,6 +37,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 TASKS = ((8, 1, 0.5), (8, 4, 0.9), (16, 2, 0.3), (16, 5, 0.7), (64, 3, 0.1))
 """(devices, seed, share of the bytes the HBM cap sends to host memory)."""
+SCALEUP_START = 0.1
+"""The load factor ``EmbeddingOffloadScaleupProposer`` scales every cache up from (its tests' own)."""
 
 
 NOTE = """The two estimators disagree most on fused_uvm_caching. TorchRec's prices every lookup of
@@ -43,6 +47,18 @@ bandwidth) / 10 whatever the table's access skew, so a 1% cache costs it almost 
 costs. Ours charges each lookup a measured cache-lookup cost and the rows its cache misses (the
 hottest rows cached, from the table's access histogram) at the measured UVM rate. The GPU decides:
 benchmarks/results/uvm_gpu.md measures both planners' plans of these tasks on an H200.
+"""
+
+
+STATS_NOTE = f"""## TorchRec given cache statistics
+
+TorchRec's planner planned each task twice more, given every table's `CacheStatistics`
+(`torchrec_neuroshard.AccessCacheStatistics`: from the same access histograms our planner
+reads, the unique rows a batch looks up and the share a cache of the hottest rows misses):
+with its default proposers, and with `EmbeddingOffloadScaleupProposer` (every table cached
+from load factor {SCALEUP_START}, the caches scaled up by cacheability, as TorchRec's tests run it).
+Planning s and ms below in the order TorchRec / with statistics / scaleup / ours; every ms
+is a PREDICTION.
 """
 
 
@@ -80,10 +96,52 @@ def torchrec_ms(plan, module, topology, constraints, per_rank: int) -> float:
     return max(per_rank_ms.values())
 
 
-def run_one(devices: int, seed: int, to_host: float, tables: int) -> dict:
+def torchrec_plans(task, topology, constraints, per_rank: int, module) -> dict[str, tuple]:
+    """TorchRec's planner as its users run it, each name -> (its ``ShardingPlan`` or None
+    where it failed, planning seconds, the error or None, the constraints it planned with):
+
+    - ``torchrec``: its defaults (its proposers, analytic estimators);
+    - ``torchrec-stats``: given each table's cache statistics (``AccessCacheStatistics``,
+      from the access histograms our planner reads), its default proposers;
+    - ``torchrec-scaleup``: with those statistics, its ``EmbeddingOffloadScaleupProposer``
+      (every table cached from ``SCALEUP_START``, the caches scaled up by cacheability)."""
+    from dataclasses import replace
+
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.types import CacheParams
+
+    from torchrec_neuroshard.estimators import AccessCacheStatistics
+
+    def stats(factor):
+        return {t.name: replace(constraints[t.name], cache_params=CacheParams(load_factor=factor, stats=AccessCacheStatistics(t, task.batch_size))) for t in task.tables}
+
+    runs = {
+        "torchrec": (constraints, {}),
+        "torchrec-stats": (stats(None), {}),
+        "torchrec-scaleup": (stats(SCALEUP_START), {"proposer": EmbeddingOffloadScaleupProposer()}),
+    }
+    out = {}
+    for name, (cons, kwargs) in runs.items():
+        reservation = FixedPercentageStorageReservation(0.0)
+        t0 = time.perf_counter()
+        try:
+            plan = EmbeddingShardingPlanner(topology, per_rank, storage_reservation=reservation, constraints=cons, **kwargs).plan(
+                module, [EmbeddingBagCollectionSharder()]
+            )
+            out[name] = (plan, round(time.perf_counter() - t0, 2), None, cons)
+        except Exception as e:  # noqa: BLE001 - a baseline's failure is reported, as it failed
+            out[name] = (None, round(time.perf_counter() - t0, 2), f"{type(e).__name__}: {str(e).splitlines()[0].strip()}", cons)
+    return out
+
+
+def run_one(devices: int, seed: int, to_host: float, tables: int) -> dict:
+    """Every planner on one task: each plan (TorchRec's three ways, ``torchrec_plans``, and
+    ours), its kernels, host bytes and planning time, and each plan priced by TorchRec's
+    estimator (without and with the cache statistics) and by our model."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
     from torchrec_neuroshard.planner import NeuroShardPlanner
@@ -93,28 +151,29 @@ def run_one(devices: int, seed: int, to_host: float, tables: int) -> dict:
 
     task = generate_task(synthetic_pool(), tables, devices, WorkloadScale(1, 65_536), seed=seed)
     topology, constraints, per_rank = setting(task, to_host)
-    module, sharders = module_for_tables(task.tables), [EmbeddingBagCollectionSharder()]
+    module = module_for_tables(task.tables)
     row: dict = {"devices": devices, "tables": tables, "seed": seed, "to_host": to_host, "hbm_cap": topology.devices[0].storage.hbm}
-    t0 = time.perf_counter()
-    theirs = EmbeddingShardingPlanner(
-        topology=topology, batch_size=per_rank, constraints=constraints, storage_reservation=FixedPercentageStorageReservation(0.0)
-    ).plan(module, sharders)
-    row["torchrec_s"] = round(time.perf_counter() - t0, 2)
+    theirs = torchrec_plans(task, topology, constraints, per_rank, module)
+    plans = {name: from_torchrec(plan, devices) for name, (plan, *_) in theirs.items() if plan is not None}
+    row.update({f"{name}_s": secs for name, (_, secs, *_) in theirs.items()})
+    row["errors"] = {name: error for name, (_, _, error, _) in theirs.items() if error}
     t0 = time.perf_counter()
     planner = NeuroShardPlanner(
         topology, per_rank, constraints=constraints, storage_reservation=0.0, access_hists={t.name: t.access_hist for t in task.tables}
     )
-    planner.plan(module, sharders)
+    planner.plan(module, [EmbeddingBagCollectionSharder()])
     row["neuroshard_s"] = round(time.perf_counter() - t0, 2)
-    plans = {"torchrec": from_torchrec(theirs, devices), "neuroshard": planner.plan_}
+    plans["neuroshard"] = planner.plan_
     ours_model = planner._priced_model()
     planned = planner.task_ or _task_of(task, topology)
     row["task"], row["plans"] = json.loads(planned.to_json()), {name: plan.to_dict() for name, plan in plans.items()}
+    with_stats = theirs["torchrec-stats"][3]
     for name, plan in plans.items():
         plan.validate(planned)
         row[f"{name}_kernels"] = dict(Counter(f"{p.kind.value}/{p.kernel.value}" for p in plan.placements))
         row[f"{name}_host_bytes"] = sum(plan.device_host_memory(task.tables, task.batch_size))
         row[f"{name}_torchrec_ms"] = torchrec_ms(plan, module, topology, constraints, per_rank)
+        row[f"{name}_torchrec_stats_ms"] = torchrec_ms(plan, module, topology, with_stats, per_rank)
         row[f"{name}_ours_ms"] = predicted_breakdown(ours_model, planned, plan)[0]
     return row
 
@@ -136,7 +195,7 @@ def report(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        kernels = {k: ", ".join(f"{v} {n}" for n, v in sorted(r[f"{k}_kernels"].items())) for k in ("torchrec", "neuroshard")}
+        kernels = {k: _kernels(r, k) for k in ("torchrec", "neuroshard")}
         lines.append(
             f"| {r['devices']} | {r['tables']} | {r['to_host']:.0%} "
             f"| {r['torchrec_host_bytes'] / 1e9:.1f} / {r['neuroshard_host_bytes'] / 1e9:.1f} | {r['torchrec_s']} / {r['neuroshard_s']} "
@@ -146,6 +205,31 @@ def report(rows: list[dict]) -> str:
             f"| {r['torchrec_ours_ms']:.2f} / {r['neuroshard_ours_ms']:.2f} ({r['neuroshard_ours_ms'] / r['torchrec_ours_ms']:.2f}) |"
         )
     return "\n".join(lines)
+
+
+VARIANTS = ("torchrec", "torchrec-stats", "torchrec-scaleup", "neuroshard")
+
+
+def stats_report(rows: list[dict]) -> str:
+    """TorchRec given the cache statistics (``torchrec_plans``) beside its default plan and ours."""
+    lines = [
+        "| D | bytes to host (cap) | with statistics, default proposers | scaleup proposer | planning s | "
+        "TorchRec estimator given the statistics, ms | our model + UVM pricing, ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        same = "the same plan" if r["plans"].get("torchrec-stats") == r["plans"]["torchrec"] else _kernels(r, "torchrec-stats")
+        scaleup = _kernels(r, "torchrec-scaleup") if "torchrec-scaleup" in r["plans"] else f"failed: {r['errors']['torchrec-scaleup']}"
+        priced = {key: " / ".join(f"{r[f'{v}_{key}']:.2f}" if v in r["plans"] else "-" for v in VARIANTS) for key in ("torchrec_stats_ms", "ours_ms")}
+        lines.append(
+            f"| {r['devices']} | {r['to_host']:.0%} | {same} | {scaleup} | {' / '.join(str(r[f'{v}_s']) for v in VARIANTS)} "
+            f"| {priced['torchrec_stats_ms']} | {priced['ours_ms']} |"
+        )
+    return "\n".join(lines)
+
+
+def _kernels(row: dict, name: str) -> str:
+    return ", ".join(f"{v} {n}" for n, v in sorted(row[f"{name}_kernels"].items()))
 
 
 def planning_speed(tables: int) -> str:
@@ -218,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         "PREDICTION, by TorchRec's analytic estimator or by our neural model with the shipped UVM pricing "
         "(`torchrec_neuroshard/uvmcost.py`); each is the objective one of the planners minimised. Ratios in "
         "parentheses: ours / TorchRec's plan. Planning times on this 2-core machine, one run each.\n\n"
-        + report(rows) + "\n\n" + NOTE
+        + report(rows) + "\n\n" + NOTE + "\n" + STATS_NOTE + "\n" + stats_report(rows) + "\n"
     )
     (HERE / "results" / "uvm.md").write_text(text)
     print(text)

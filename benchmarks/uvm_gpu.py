@@ -41,7 +41,8 @@ DRAWS, WARMUP, REPEATS, ROUNDS = 3, 3, 6, 2
 def prepare(label: str, tables: int = 48) -> None:
     """Plan every task of ``benchmarks.uvm`` with both planners and add NeuroShard's plan as
     ``neuroshard-<label>`` to the stored ones (TorchRec's, as ``torchrec``, is kept from the
-    first prepare: the same plan)."""
+    first prepare: the same plan; so is ``torchrec-scaleup``, TorchRec's given the tables'
+    cache statistics and its ``EmbeddingOffloadScaleupProposer``, where it plans)."""
     import logging
 
     from benchmarks.uvm import TASKS, run_one
@@ -52,6 +53,8 @@ def prepare(label: str, tables: int = 48) -> None:
         row = run_one(devices, seed, to_host, tables)
         entry = entries[k] or {"task": row["task"], "to_host": to_host, "plans": {"torchrec": row["plans"]["torchrec"]}}
         entry["plans"][f"neuroshard-{label}"] = row["plans"]["neuroshard"]
+        if "torchrec-scaleup" in row["plans"]:  # TorchRec given cache statistics, where it plans
+            entry["plans"].setdefault("torchrec-scaleup", row["plans"]["torchrec-scaleup"])
         entries[k] = entry
         print(f"D={devices} to host {to_host:.0%}: planned", flush=True)
     with gzip.open(PLANS, "wt") as f:
