@@ -301,6 +301,24 @@ def test_torchrecs_planner_reads_a_tables_cache_as_our_pricing_sees_it() -> None
     assert factors and max(factors) > 0.1
 
 
+def test_the_chosen_proposals_full_search_keeps_the_kinds_its_screen_chose(monkeypatch) -> None:
+    """Each offload proposal's kinds are chosen once: the full search of the cheapest one
+    reuses its screen's (search's kinds_memo), so no (task, given placements) is chosen twice."""
+    from torchrec_neuroshard.search import joint
+
+    chosen = []
+
+    def counting(task, model, config, choice, embed, given):
+        chosen.append((task, given))
+        return choose(task, model, config, choice, embed, given)
+
+    choose = joint.choose_kinds
+    monkeypatch.setattr(joint, "choose_kinds", counting)
+    task = full_size(8, 24, 1)
+    planner = ours(task, *setting(task, to_host=0.5))
+    assert planner.plan_.offloaded() and len(chosen) >= 2 and len(set(chosen)) == len(chosen)
+
+
 def test_the_plan_kept_is_warned_about_once_however_many_proposals_were_searched(caplog) -> None:
     """two_tower's 40-row tables lie below every table the compute net learned; with HBM for
     a third of their bytes the planner searches several offload proposals, all past a

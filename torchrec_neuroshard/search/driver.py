@@ -33,6 +33,7 @@ def search(
     config: SearchConfig = SearchConfig(),
     choices: Mapping[str, TableChoices] | None = None,
     fixed: Sequence[TablePlacement] = (),
+    kinds_memo: dict | None = None,
 ) -> SearchResult:
     """Find a low-cost plan for ``task`` under ``model``'s predictions, scaled to the
     task's batch. A task of several sharded modules (``Task.modules``) is priced as the
@@ -47,6 +48,10 @@ def search(
         fixed: placements decided before the search (e.g. a table its constraints only let
             replicate, or one larger than a rank split by rows): kept as they are, the
             rest placed in the memory they leave on each device, all priced in the whole step.
+        kinds_memo: the sharding kinds (``kinds.choose_kinds``) earlier searches chose, by
+            all that choice reads but the model, read and added to: pass one dict only to
+            searches of one model (the planner's offload screens and the full search of the
+            chosen proposal). None: a fresh one.
 
     Raises:
         InfeasibleError: no split and placement fits the memory cap; names the table.
@@ -54,21 +59,21 @@ def search(
     # The search's matrices are small: one BLAS thread is faster than several, and
     # far faster when the other cores are busy.
     with threadpool_limits(limits=1, user_api="blas"):
-        return _search(task, model.with_batch_size(task.batch_size).for_tables(task.tables), config, choices or {}, tuple(fixed))
+        model = model.with_batch_size(task.batch_size).for_tables(task.tables)
+        memo = {} if kinds_memo is None else kinds_memo
+        return _search(task, tuple(fixed), SearchContext(model, config, choices or {}, CachedEmbedder(model), memo))
 
 
-def _search(
-    task: Task, model: CostModel, config: SearchConfig, choices: Mapping[str, TableChoices], given: tuple[TablePlacement, ...]
-) -> SearchResult:
+def _search(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> SearchResult:
     t0 = time.perf_counter()
-    embed = CachedEmbedder(model)
+    model, embed = context.model, context.embed
     unknown = sorted({p.table for p in given} - {t.name for t in task.tables})
     if unknown:
         raise ValueError(f"fixed placements name tables {unknown} that are not in the task")
     if len(given) == len(task.tables):  # nothing left to place
         plan, evaluated = Plan(given, task.num_devices), 0
     else:
-        plan, evaluated = _searched_plan(task, given, SearchContext(model, config, choices, embed))
+        plan, evaluated = _searched_plan(task, given, context)
     plan.validate(task)
     prediction = predict_step(model, task, plan, embed)
     return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)

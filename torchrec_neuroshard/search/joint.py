@@ -14,7 +14,7 @@ from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shor
 from torchrec_neuroshard.search.config import SearchConfig, SearchContext
 from torchrec_neuroshard.search.fixed import fixed_ms, rest_task, with_fixed
 from torchrec_neuroshard.search.greedy import Keys, Widths, greedy_runs, state_keys
-from torchrec_neuroshard.search.kinds import choose_kinds
+from torchrec_neuroshard.search.kinds import Kinds, choose_kinds
 from torchrec_neuroshard.search.local import improve_plan
 from torchrec_neuroshard.search.splits import split_and_place
 from torchrec_neuroshard.stepcost import Embedder, predict_step
@@ -27,7 +27,7 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
     states evaluated."""
     model, config, choices, embed = context.model, context.config, context.choices, context.embed
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
-    fixed = choose_kinds(task, model, config, choice, embed, given)
+    fixed = _kinds(task, given, context, choice)
     searched, evaluated = split_and_place(task, model, config, choice, fixed, embed)
     candidates = [(p, fixed) for p in searched]
     if config.seed_with_baselines and fixed != given:  # around the chosen kinds too
@@ -45,6 +45,16 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
         keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
         plan = improve_plan(rest, model, keys, plan, config, fixed_ms(model, task, fixed, embed))
     return with_fixed(plan, fixed, task), evaluated
+
+
+def _kinds(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> Kinds:
+    """``choose_kinds``' answer, kept in ``context.kinds_memo`` under all it reads but the
+    model: the task, the given placements, the choices and the kind-choice knobs."""
+    config = context.config
+    key = (task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid)
+    if key not in context.kinds_memo:
+        context.kinds_memo[key] = choose_kinds(task, context.model, config, choice, context.embed, given)
+    return context.kinds_memo[key]
 
 
 def _feasible_baselines(task: Task) -> list[Plan]:
