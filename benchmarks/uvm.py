@@ -218,8 +218,8 @@ def stats_report(rows: list[dict]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        same = "the same plan" if r["plans"].get("torchrec-stats") == r["plans"]["torchrec"] else _kernels(r, "torchrec-stats")
-        scaleup = _kernels(r, "torchrec-scaleup") if "torchrec-scaleup" in r["plans"] else f"failed: {r['errors']['torchrec-scaleup']}"
+        same = "the same plan" if r["plans"].get("torchrec-stats") == r["plans"]["torchrec"] else _outcome(r, "torchrec-stats")
+        scaleup = _outcome(r, "torchrec-scaleup")
         priced = {key: " / ".join(f"{r[f'{v}_{key}']:.2f}" if v in r["plans"] else "-" for v in VARIANTS) for key in ("torchrec_stats_ms", "ours_ms")}
         lines.append(
             f"| {r['devices']} | {r['to_host']:.0%} | {same} | {scaleup} | {' / '.join(str(r[f'{v}_s']) for v in VARIANTS)} "
@@ -230,6 +230,11 @@ def stats_report(rows: list[dict]) -> str:
 
 def _kernels(row: dict, name: str) -> str:
     return ", ".join(f"{v} {n}" for n, v in sorted(row[f"{name}_kernels"].items()))
+
+
+def _outcome(row: dict, name: str) -> str:
+    """``name``'s plan's kernels, or how the planner failed."""
+    return _kernels(row, name) if name in row["plans"] else f"failed: {row['errors'][name]}"
 
 
 def planning_speed(tables: int) -> str:
