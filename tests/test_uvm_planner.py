@@ -301,22 +301,29 @@ def test_torchrecs_planner_reads_a_tables_cache_as_our_pricing_sees_it() -> None
     assert factors and max(factors) > 0.1
 
 
-def test_the_chosen_proposals_full_search_keeps_the_kinds_its_screen_chose(monkeypatch) -> None:
-    """Each offload proposal's kinds are chosen once: the full search of the cheapest one
-    reuses its screen's (search's kinds_memo), so no (task, given placements) is chosen twice."""
+def test_the_chosen_proposals_full_search_keeps_what_its_screen_computed(monkeypatch) -> None:
+    """Each offload proposal's kinds and heuristics' plans are computed once: the full search
+    of the cheapest one reuses its screen's (search's memo), so no kind choice (task, given
+    placements) and no heuristic's plan of a task is computed twice."""
     from torchrec_neuroshard.search import joint
 
-    chosen = []
+    kinds, baselines = [], []
 
-    def counting(task, model, config, choice, embed, given):
-        chosen.append((task, given))
+    def choosing(task, model, config, choice, embed, given):
+        kinds.append((task, given))
         return choose(task, model, config, choice, embed, given)
 
-    choose = joint.choose_kinds
-    monkeypatch.setattr(joint, "choose_kinds", counting)
+    def seeding(name, task):
+        baselines.append((name, task))
+        return seed(name, task)
+
+    choose, seed = joint.choose_kinds, joint.baseline_plan
+    monkeypatch.setattr(joint, "choose_kinds", choosing)
+    monkeypatch.setattr(joint, "baseline_plan", seeding)
     task = full_size(8, 24, 1)
     planner = ours(task, *setting(task, to_host=0.5))
-    assert planner.plan_.offloaded() and len(chosen) >= 2 and len(set(chosen)) == len(chosen)
+    assert planner.plan_.offloaded() and len(kinds) >= 2 and len(baselines) >= 10
+    assert len(set(kinds)) == len(kinds) and len(set(baselines)) == len(baselines)
 
 
 def test_the_plan_kept_is_warned_about_once_however_many_proposals_were_searched(caplog) -> None:

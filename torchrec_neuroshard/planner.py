@@ -298,12 +298,12 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         start: float,
         host_cap: int | None = None,
         config: SearchConfig | None = None,
-        kinds_memo: dict | None = None,
+        memo: dict | None = None,
     ) -> SearchResult:
         """Place the searched tables around the decided ones (all priced in the whole
         step on the topology's links, each sharded module paid at its slowest device), by
-        ``config`` (default ``search_config``), with the kinds earlier searches of this plan
-        chose (``kinds_memo``: ``search``); a table placed table-wise or column-wise whose
+        ``config`` (default ``search_config``), with what earlier searches of this plan
+        computed (``memo``: ``search``); a table placed table-wise or column-wise whose
         constraints allow only table_column_wise of the two is labelled so."""
         links = Links.of(self.topology)
         task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules, links, host_cap)
@@ -326,7 +326,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         config = config or self.search_config
         if self.timeout_seconds is not None:
             config = replace(config, deadline=start + self.timeout_seconds)
-        result = search(task, self._model, config, choices, decided.decided, kinds_memo)
+        result = search(task, self._model, config, choices, decided.decided, memo)
         took = time.perf_counter() - start
         self._overran = took if self.timeout_seconds is not None and took >= self.timeout_seconds else None
         allowed = {t.spec.name: t.allowed for t in decided.searched}

@@ -37,7 +37,7 @@ class MemoryPlanning:
         HBM per rank (and the topology's host memory on a GPU), or the last error."""
         host_cap, topo, batch = self._host_memory_cap(), self.topology, self._global_batch()
         error, most, best, planned = None, 0, None, 0
-        memo: dict = {}  # the kinds each search chose: the full search of the chosen proposal keeps its screen's
+        memo: dict = {}  # what each search computed: the full search of the chosen proposal keeps its screen's
         for attempt in attempts(tables, topo.world_size, cap, host_cap, batch, UvmPricing.shipped(), self._price, topo.local_world_size):
             try:  # an offload proposal is screened by a quick search; no offload is searched in full at once
                 cost = self._plan_tables(tables, attempt, cap, host_cap, start, memo, quick=bool(attempt.placements))
@@ -70,12 +70,12 @@ class MemoryPlanning:
         cap: int,
         host_cap: int | None,
         start: float,
-        kinds_memo: dict,
+        memo: dict,
         quick: bool = False,
     ) -> float:
         """``plan_`` (and ``search_result_``, ``task_``) of ``tables`` with ``attempt``'s in
-        host memory, the rest triaged and searched in the HBM those leave (the kinds earlier
-        searches chose kept in ``kinds_memo``); its predicted ms.
+        host memory, the rest triaged and searched in the HBM those leave (what earlier
+        searches computed kept in ``memo``); its predicted ms.
         The offloaded tables the attempt placed whole are searched too, on their kernels (the
         search may split their columns and balances them with the rest); only those it
         split by rows stay as placed."""
@@ -96,7 +96,7 @@ class MemoryPlanning:
         if decided.searched:
             modules = tuple(tuple(t.spec.name for t in tables if t.path == path) for path in dict.fromkeys(t.path for t in tables))
             config = replace(self.search_config, **QUICK_SEARCH) if quick else self.search_config
-            self.search_result_ = self._search(decided, specs, modules, cap, start, host_cap, config, kinds_memo)
+            self.search_result_ = self._search(decided, specs, modules, cap, start, host_cap, config, memo)
             self.plan_ = self.search_result_.plan
             self.plan_.validate(self.task_)  # the search counts HBM; host memory is checked here
             return self.search_result_.predicted_cost_ms

@@ -61,11 +61,11 @@ class SearchResult:
 @dataclass(frozen=True)
 class SearchContext:
     """What every stage of one search shares: the model (at the task's batch), the
-    configuration, each table's choices, the embedding cache, and the kinds chosen so far
-    (``kinds_memo``: ``search``)."""
+    configuration, each table's choices, the embedding cache, and the answers of the
+    stages earlier searches computed (``memo``: ``search``)."""
 
     model: CostModel
     config: SearchConfig
     choices: Mapping[str, TableChoices]
     embed: CachedEmbedder
-    kinds_memo: dict = field(default_factory=dict)
+    memo: dict = field(default_factory=dict)

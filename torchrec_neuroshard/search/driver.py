@@ -33,7 +33,7 @@ def search(
     config: SearchConfig = SearchConfig(),
     choices: Mapping[str, TableChoices] | None = None,
     fixed: Sequence[TablePlacement] = (),
-    kinds_memo: dict | None = None,
+    memo: dict | None = None,
 ) -> SearchResult:
     """Find a low-cost plan for ``task`` under ``model``'s predictions, scaled to the
     task's batch. A task of several sharded modules (``Task.modules``) is priced as the
@@ -48,10 +48,10 @@ def search(
         fixed: placements decided before the search (e.g. a table its constraints only let
             replicate, or one larger than a rank split by rows): kept as they are, the
             rest placed in the memory they leave on each device, all priced in the whole step.
-        kinds_memo: the sharding kinds (``kinds.choose_kinds``) earlier searches chose, by
-            all that choice reads but the model, read and added to: pass one dict only to
-            searches of one model (the planner's offload screens and the full search of the
-            chosen proposal). None: a fresh one.
+        memo: the answers earlier searches' stages computed (the kinds ``kinds.choose_kinds``
+            chose, the heuristics' plans), by all each reads but the model, read and added
+            to: pass one dict only to searches of one model (the planner's offload screens
+            and the full search of the chosen proposal). None: a fresh one.
 
     Raises:
         InfeasibleError: no split and placement fits the memory cap; names the table.
@@ -60,8 +60,8 @@ def search(
     # far faster when the other cores are busy.
     with threadpool_limits(limits=1, user_api="blas"):
         model = model.with_batch_size(task.batch_size).for_tables(task.tables)
-        memo = {} if kinds_memo is None else kinds_memo
-        return _search(task, tuple(fixed), SearchContext(model, config, choices or {}, CachedEmbedder(model), memo))
+        context = SearchContext(model, config, choices or {}, CachedEmbedder(model), {} if memo is None else memo)
+        return _search(task, tuple(fixed), context)
 
 
 def _search(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> SearchResult:

@@ -31,9 +31,9 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
     searched, evaluated = split_and_place(task, model, config, choice, fixed, embed)
     candidates = [(p, fixed) for p in searched]
     if config.seed_with_baselines and fixed != given:  # around the chosen kinds too
-        candidates += [(p, fixed) for p in _feasible_baselines(rest_task(task, fixed))]
+        candidates += [(p, fixed) for p in _feasible_baselines(rest_task(task, fixed), context.memo)]
     if config.seed_with_baselines:
-        candidates += [(p, given) for p in _feasible_baselines(rest_task(task, given))]
+        candidates += [(p, given) for p in _feasible_baselines(rest_task(task, given), context.memo)]
     if not candidates:
         raise _shortfall(rest_task(task, given), model, config, embed)
     costs = [predict_step(model, task, with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
@@ -48,24 +48,27 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
 
 
 def _kinds(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> Kinds:
-    """``choose_kinds``' answer, kept in ``context.kinds_memo`` under all it reads but the
-    model: the task, the given placements, the choices and the kind-choice knobs."""
+    """``choose_kinds``' answer, kept in ``context.memo`` under all it reads but the model:
+    the task, the given placements, the choices and the kind-choice knobs."""
     config = context.config
-    key = (task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid)
-    if key not in context.kinds_memo:
-        context.kinds_memo[key] = choose_kinds(task, context.model, config, choice, context.embed, given)
-    return context.kinds_memo[key]
+    key = ("kinds", task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid)
+    if key not in context.memo:
+        context.memo[key] = choose_kinds(task, context.model, config, choice, context.embed, given)
+    return context.memo[key]
 
 
-def _feasible_baselines(task: Task) -> list[Plan]:
-    """The plans of the heuristics (``heuristics.BASELINES``) that fit the task's memory."""
-    plans = []
-    for name in BASELINES:
-        try:
-            plans.append(baseline_plan(name, task))
-        except InfeasibleError:
-            continue
-    return plans
+def _feasible_baselines(task: Task, memo: dict) -> list[Plan]:
+    """The plans of the heuristics (``heuristics.BASELINES``) that fit the task's memory,
+    kept in ``memo`` (they read the task alone)."""
+    if ("baselines", task) not in memo:
+        plans = []
+        for name in BASELINES:
+            try:
+                plans.append(baseline_plan(name, task))
+            except InfeasibleError:
+                continue
+        memo["baselines", task] = plans
+    return memo["baselines", task]
 
 
 def _shortfall(task: Task, model: CostModel, config: SearchConfig, embed: Embedder) -> InfeasibleError:
