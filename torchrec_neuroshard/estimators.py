@@ -65,11 +65,12 @@ def _option_kernel(option: ShardingOption, sharders: Sharders | None) -> tuple[C
     if option.compute_kernel == "dense":
         return ComputeKernel.FUSED, None
     kernel = kernel_of(option.compute_kernel, option.name)
+    if not kernel.cached:
+        return kernel, None
     factor = option.cache_load_factor
     if factor is None:
         factor = sharder_load_factor((sharders or {}).get(sharder_name(type(option.module[1]))))
-        factor = UVM_CACHING_RATIO if factor is None else factor
-    return kernel, factor if kernel.cached else None
+    return kernel, UVM_CACHING_RATIO if factor is None else factor
 
 
 def _shard_spec(

@@ -137,10 +137,10 @@ def _walk(
     module: nn.Module, sharders: Sequence[ModuleSharder] | None, compute_device: str
 ) -> Iterator[tuple[str, frozenset[ShardingKind], tuple[frozenset[ComputeKernel], float | None], object, bool, str, nn.Parameter | None, str]]:
     """(module path, sharding kinds its sharder offers, the kernels it offers of those we
-    plan with its cache load factor, embedding config, pooled, dtype name, weight parameter, ``table_key``) of every
-    table of every module a sharder shards, in module order: one walk of the configs, with
-    the checks that need no constraints (a module without tables, a sharder offering
-    nothing here, unsupported dtypes)."""
+    plan with its cache load factor, embedding config, pooled, dtype name, weight parameter,
+    ``table_key``) of every table of every module a sharder shards, in module order: one
+    walk of the configs, with the checks that need no constraints (a module without tables,
+    a sharder offering nothing here, unsupported dtypes)."""
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     modules = shardable_modules(module, get_default_sharders() if sharders is None else sharders)
