@@ -223,8 +223,9 @@ class KernelNet:
 
     def _rest_of_head(self, lifted: np.ndarray) -> np.ndarray:
         """The head's log ms [N, 2] from its first layer's output without bias [N, hidden]."""
-        x = lifted + self.head[0][1]  # [N, hidden]
-        np.maximum(x, 0.0, out=x)
+        bias = self.head[0][1]  # [hidden]
+        x = lifted + bias  # [N, hidden]
+        np.maximum(x, np.zeros_like(bias), out=x)  # ReLU; against a row of zeros: faster than a scalar 0 (the search's hot path)
         return numpy_mlp(self.head[1:], x)
 
     @property

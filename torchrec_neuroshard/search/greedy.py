@@ -116,7 +116,8 @@ class Placements:
         """Add a shard (embedding ``emb`` [M, E], ``width`` and ``size`` [M]) to one device
         of each of M distinct placements, ``cells`` [M] (placement * D + device), and
         re-predict them."""
-        placed = self.sums[cells] + emb  # [M, E]
+        placed = np.take(self.sums, cells, axis=0)  # [M, E] (take: faster than fancy indexing here)
+        placed += emb
         self.sums[cells] = placed
         self.dims.reshape(-1)[cells] += width.astype(np.int32)
         mem = self.mem.reshape(-1)
@@ -166,13 +167,13 @@ def greedy_runs(
     assign = np.full((smax, R), -1, dtype=np.int64)
     died_at = np.full(R, -1, dtype=np.int64)  # -1: alive
     free_at_death = np.zeros(R)
+    ends = set(length.tolist())  # the steps at which some runs have placed all their shards
+    a = np.arange(R)  # [A] the active runs: alive, shards left to place
     for k in range(smax + 1):
-        done = np.flatnonzero((died_at < 0) & (length == k))
-        p = placement[done]
-        end_fwd[done], end_bwd[done], end_dims[done] = held.fwd[p], held.bwd[p], held.dims[p]
-        if k == smax:
-            break
-        a = np.flatnonzero((died_at < 0) & (length > k))  # [A] the active runs
+        if k in ends:
+            done, a = a[length[a] == k], a[length[a] > k]
+            p = placement[done]
+            end_fwd[done], end_bwd[done], end_dims[done] = held.fwd[p], held.bwd[p], held.dims[p]
         if not a.size:
             break
         p, kk = placement[a], order[k, a]
@@ -204,7 +205,7 @@ def _one_run_per_placement(
     which places the shard for all of them."""
     run_of = np.full(n_held, -1)  # [n_held]
     run_of[placement] = np.arange(len(placement))
-    p = np.flatnonzero(run_of >= 0)
+    p = (run_of >= 0).nonzero()[0]
     return p, shard[run_of[p]], device[run_of[p]]
 
 
@@ -216,20 +217,15 @@ def _run_orders(
     devices, plus a tolerance) [R] and its number of shards [R]."""
     per_state = []
     for st in states:
-        ids = np.asarray([keys.index[k] for k in state_keys(st)])
+        ids = np.fromiter((keys.index[t, w] for t, ws in enumerate(st) for w in ws), dtype=np.int64)
         per_state.append(ids[np.argsort(-keys.single[ids], kind="stable")])
-    smax = max(len(p) for p in per_state)
-    R = len(states) * len(scales)
-    order = np.full((smax, R), -1, dtype=np.int64)  # [Smax, R]: step k's shard of every run
-    limit = np.empty(R)
-    length = np.empty(R, dtype=np.int64)
+    n_scales = len(scales)
+    order = np.full((max(len(ids) for ids in per_state), len(states) * n_scales), -1, dtype=np.int64)  # [Smax, R]
     for i, ids in enumerate(per_state):
-        total_width = keys.width[ids].sum()
-        for j, sc in enumerate(scales):
-            r = i * len(scales) + j
-            order[: len(ids), r] = ids
-            limit[r] = sc * total_width / devices
-            length[r] = len(ids)
+        order[: len(ids), i * n_scales : (i + 1) * n_scales] = ids[:, None]
+    total_width = np.asarray([keys.width[ids].sum() for ids in per_state])  # [states]
+    limit = (np.asarray(scales, dtype=np.float64)[None, :] * total_width[:, None] / devices).reshape(-1)  # [R]
+    length = np.repeat(np.asarray([len(ids) for ids in per_state], dtype=np.int64), n_scales)  # [R]
     return order, limit + 1e-9, length
 
 
@@ -273,7 +269,7 @@ def _choose_devices(
         ((dim_room == most_dim[p]) & (mem_room == most_mem[p]))
         | ((device >= 0) & held.fits(p, np.maximum(device, 0), dim_room, mem_room) & held.fits(p, least, dim_room, mem_room))
     )
-    alone = np.flatnonzero(~decided)
+    alone = (~decided).nonzero()[0]
     if alone.size:
         q = p[alone]
         device[alone], _ = _least_loaded_with_room(
@@ -292,7 +288,7 @@ def _part(
     placement itself. Sets ``placement`` [R] of the runs; returns how many are held."""
     kept = np.full(n_held, -1)  # [n_held] the move each placement makes, -1: none yet
     kept[p[decided]] = move[decided]
-    other = np.flatnonzero(kept[p] != move)
+    other = (kept[p] != move).nonzero()[0]
     if not other.size:
         return n_held
     _, first, group = np.unique(p[other] * (move.max() + 1) + move[other], return_index=True, return_inverse=True)
@@ -331,19 +327,21 @@ def _least_loaded_with_room(
     argmin finds the least device, a second one whether another is within the tolerance;
     only those placements compare memory."""
     rows = np.arange(len(load))
-    if np.issubdtype(dims.dtype, np.integer):
-        dim_room = np.clip(np.floor(dim_room), np.iinfo(dims.dtype).min, np.iinfo(dims.dtype).max).astype(dims.dtype)
+    if dims.dtype.kind in "iu":  # integers (ufuncs: np.clip costs more than the comparisons)
+        info = np.iinfo(dims.dtype)
+        dim_room = np.minimum(np.maximum(np.floor(dim_room), info.min), info.max).astype(dims.dtype)
     blocked = dims > dim_room[:, None]  # [G, D]
-    full = np.flatnonzero((mem.max(1) if mem_max is None else mem_max) > mem_room)
+    full = ((mem.max(1) if mem_max is None else mem_max) > mem_room).nonzero()[0]
     if 4 * full.size > len(load):  # most placements: one pass over all beats gathering them
         blocked |= mem > mem_room[:, None]
     elif full.size:
         blocked[full] |= mem[full] > mem_room[full, None]
-    masked = np.where(blocked, np.inf, load)  # [G, D]
+    masked = load.copy()  # [G, D]
+    np.putmask(masked, blocked, np.inf)
     first = masked.argmin(1)
     least = masked[rows, first]
     masked[rows, first] = np.inf
-    tied = masked[rows, masked.argmin(1)] <= least + 1e-9
+    tied = masked[rows, masked.argmin(1)] <= least + 1e-9  # argmin: far faster than min over short rows
     device = first.copy()
     if tied.any():
         t = rows[tied]
