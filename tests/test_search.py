@@ -320,3 +320,29 @@ def test_a_module_stacked_on_a_full_device_is_unstacked_by_swaps_within_the_cap(
     for module in task.modules:
         assert {d for n in module for d in improved.placement(n).devices} == {0, 1}
     assert predicted_breakdown(model, task, improved)[0] < predicted_breakdown(model, task, stacked)[0]
+
+
+def test_kept_greedy_runs_are_reused_only_where_the_keys_name_shards_alike() -> None:
+    """The split search's kept runs name shards by key ids: another search of the same task
+    whose keys gave the same ids reuses them; one whose keys were filled in another order
+    places its runs anew."""
+    from torchrec_neuroshard.search.greedy import Keys, state_keys
+    from torchrec_neuroshard.search.splits import _kept_runs
+    from torchrec_neuroshard.stepcost import CachedEmbedder
+
+    task = generate_task(synthetic_pool(), 12, 4, WorkloadScale(), seed=0)
+    model = _RowWiseModel()
+    root = tuple((t.dim,) for t in task.tables)
+    memo: dict = {}
+
+    def keys_in(order):
+        keys = Keys(task, model, CachedEmbedder(model))
+        keys.ensure(order(state_keys(root)))
+        return keys
+
+    kept = _kept_runs(memo, task, model, keys_in(list), [root], (1.0, 1.5))
+    assert _kept_runs(memo, task, model, keys_in(list), [root], (1.0, 1.5)) is kept
+    reversed_keys = keys_in(lambda ks: ks[::-1])
+    anew = _kept_runs(memo, task, model, reversed_keys, [root], (1.0, 1.5))
+    assert anew is not kept and not np.array_equal(anew.order_keys, kept.order_keys)
+    np.testing.assert_array_equal(anew.cost, kept.cost)

@@ -302,12 +302,17 @@ def test_torchrecs_planner_reads_a_tables_cache_as_our_pricing_sees_it() -> None
 
 
 def test_the_chosen_proposals_full_search_keeps_what_its_screen_computed(monkeypatch) -> None:
-    """Each offload proposal's kinds and heuristics' plans are computed once: the full search
-    of the cheapest one reuses its screen's (search's memo), so no kind choice (task, given
-    placements) and no heuristic's plan of a task is computed twice."""
-    from torchrec_neuroshard.search import joint
+    """Each offload proposal's kinds, heuristics' plans and first greedy runs of the split
+    search are computed once: the full search of the cheapest one reuses its screen's
+    (search's memo), so no kind choice (task, given placements), no heuristic's plan of a
+    task and no split search's greedy runs (task, states) are computed twice."""
+    from torchrec_neuroshard.search import joint, splits
 
-    kinds, baselines = [], []
+    kinds, baselines, greedy = [], [], []
+
+    def running(task, model, keys, states, scales):
+        greedy.append((task, tuple(states)))
+        return run(task, model, keys, states, scales)
 
     def choosing(task, model, config, choice, embed, given):
         kinds.append((task, given))
@@ -317,13 +322,14 @@ def test_the_chosen_proposals_full_search_keeps_what_its_screen_computed(monkeyp
         baselines.append((name, task))
         return seed(name, task)
 
-    choose, seed = joint.choose_kinds, joint.baseline_plan
+    choose, seed, run = joint.choose_kinds, joint.baseline_plan, splits.greedy_runs
     monkeypatch.setattr(joint, "choose_kinds", choosing)
     monkeypatch.setattr(joint, "baseline_plan", seeding)
+    monkeypatch.setattr(splits, "greedy_runs", running)
     task = full_size(8, 24, 1)
     planner = ours(task, *setting(task, to_host=0.5))
-    assert planner.plan_.offloaded() and len(kinds) >= 2 and len(baselines) >= 10
-    assert len(set(kinds)) == len(kinds) and len(set(baselines)) == len(baselines)
+    assert planner.plan_.offloaded() and len(kinds) >= 2 and len(baselines) >= 10 and len(greedy) >= 6
+    assert len(set(kinds)) == len(kinds) and len(set(baselines)) == len(baselines) and len(set(greedy)) == len(greedy)
 
 
 def test_the_plan_kept_is_warned_about_once_however_many_proposals_were_searched(caplog) -> None:

@@ -49,9 +49,10 @@ def search(
             replicate, or one larger than a rank split by rows): kept as they are, the
             rest placed in the memory they leave on each device, all priced in the whole step.
         memo: the answers earlier searches' stages computed (the kinds ``kinds.choose_kinds``
-            chose, the heuristics' plans), by all each reads but the model, read and added
-            to: pass one dict only to searches of one model (the planner's offload screens
-            and the full search of the chosen proposal). None: a fresh one.
+            chose, the heuristics' plans, the split search's first greedy runs), by all each
+            reads but the model, read and added to: pass one dict only to searches of one
+            model (the planner's offload screens and the full search of the chosen
+            proposal). None: a fresh one.
 
     Raises:
         InfeasibleError: no split and placement fits the memory cap; names the table.

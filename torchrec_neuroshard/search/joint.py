@@ -28,7 +28,7 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
     model, config, choices, embed = context.model, context.config, context.choices, context.embed
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
     fixed = _kinds(task, given, context, choice)
-    searched, evaluated = split_and_place(task, model, config, choice, fixed, embed)
+    searched, evaluated = split_and_place(task, model, config, choice, fixed, embed, context.memo)
     candidates = [(p, fixed) for p in searched]
     if config.seed_with_baselines and fixed != given:  # around the chosen kinds too
         candidates += [(p, fixed) for p in _feasible_baselines(rest_task(task, fixed), context.memo)]

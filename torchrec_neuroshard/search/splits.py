@@ -19,7 +19,7 @@ import numpy as np
 
 from torchrec_neuroshard.search.config import SearchConfig
 from torchrec_neuroshard.search.fixed import rest_task
-from torchrec_neuroshard.search.greedy import Keys, Widths, greedy_runs, plan_of, state_keys
+from torchrec_neuroshard.search.greedy import Keys, Runs, Widths, greedy_runs, plan_of, state_keys
 from torchrec_neuroshard.stepcost import Embedder
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, TableChoices, TablePlacement, Task
 
@@ -31,23 +31,27 @@ def split_and_place(
     choice: Mapping[str, TableChoices],
     fixed: Sequence[TablePlacement],
     embed: Embedder,
+    memo: dict | None = None,
 ) -> tuple[list[Plan], int]:
     """The beam search over column splits of the tables not in ``fixed``: the best plan of
     those tables at every depth that improved on the shallower ones (no split first; [] if
     no run fit memory), and the number of split states scored. The caller re-prices each
-    depth's best with the whole step (see the module docstring)."""
+    depth's best with the whole step (see the module docstring). The greedy runs of the
+    root and of its children, the same for every beam width, are kept in ``memo`` (None:
+    not kept): a search of the same tables with a wider beam starts from them."""
     task = rest_task(task, fixed)
+    memo = {} if memo is None else memo
     min_w = [max(WIDTH_ALIGNMENT, choice[t.name].min_width) for t in task.tables]
     keys = Keys(task, model, embed)
     root: Widths = tuple((t.dim,) for t in task.tables)
     keys.ensure(state_keys(root))
-    runs = greedy_runs(task, model, keys, [root], config.scales)
+    runs = _kept_runs(memo, task, model, keys, [root], config.scales)
     best_cost = float(runs.cost.min())
     plans = [plan_of(task, keys, runs, int(runs.cost.argmin()))] if math.isfinite(best_cost) else []
     beam = [root]
     seen = {root}
     evaluated = 1
-    for _ in range(config.max_steps):
+    for depth in range(config.max_steps):
         if config.deadline is not None and time.perf_counter() >= config.deadline:
             break
         children = [c for st in beam for c in _split_children(st, keys, config.top_k, min_w) if c not in seen]
@@ -56,7 +60,7 @@ def split_and_place(
             break
         seen.update(children)
         keys.ensure([k for c in children for k in state_keys(c)])
-        runs = greedy_runs(task, model, keys, children, config.scales)
+        runs = _kept_runs(memo, task, model, keys, children, config.scales) if depth == 0 else greedy_runs(task, model, keys, children, config.scales)
         evaluated += len(children)
         per_state = runs.cost.reshape(len(children), len(config.scales))
         state_cost = per_state.min(1)
@@ -67,6 +71,17 @@ def split_and_place(
             best_cost = float(state_cost[i])
             plans.append(plan_of(task, keys, runs, i * len(config.scales) + int(per_state[i].argmin())))
     return plans, evaluated
+
+
+def _kept_runs(memo: dict, task: Task, model: CostModel, keys: Keys, states: list[Widths], scales: tuple[float, ...]) -> Runs:
+    """``greedy_runs`` of ``states``, kept in ``memo`` by the task, states and scales. Runs
+    name shards by their ``keys`` ids, so a kept one is reused only where ``keys`` gave
+    every shard the same id (the same shards ensured in the same order)."""
+    key = ("greedy", task, tuple(states), tuple(scales))
+    ids = tuple(keys.index)  # [K] (table, width) of each id
+    if key not in memo or memo[key][0] != ids:
+        memo[key] = (ids, greedy_runs(task, model, keys, states, scales))
+    return memo[key][1]
 
 
 def _split_children(state: Widths, keys: Keys, top_k: int, min_width: Sequence[int]) -> list[Widths]:
