@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import statistics
 import time
 from collections import Counter
 from pathlib import Path
@@ -237,11 +238,12 @@ def _outcome(row: dict, name: str) -> str:
     return _kernels(row, name) if name in row["plans"] else f"failed: {row['errors'][name]}"
 
 
-def planning_speed(tables: int) -> str:
-    """NeuroShard alone on the tasks at ``tables`` tables: wall and CPU seconds of ``plan``
-    (the module built before the clock starts), tables sent to host memory, predicted step;
-    and, for reference, the wall seconds of the same tables on HBM just large enough for
-    all of them (no offload, the search at the same memory pressure)."""
+def planning_speed(tables: int, repeats: int) -> str:
+    """NeuroShard alone on the tasks at ``tables`` tables, each planned ``repeats`` times:
+    median and range of wall and CPU seconds of ``plan`` (the module built before the clock
+    starts), tables sent to host memory, predicted step; and, for reference, the wall seconds
+    of the same tables on HBM just large enough for all of them (no offload, the search at
+    the same memory pressure), planned in turn with them."""
     import torch
 
     from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
@@ -253,14 +255,25 @@ def planning_speed(tables: int) -> str:
     ]
     for devices, seed, to_host in TASKS:
         task = generate_task(synthetic_pool(), tables, devices, WorkloadScale(1, 65_536), seed=seed)
-        wall, cpu, planner = _timed_plan(task, to_host)
+        walls, cpus, in_hbm = [], [], []
+        for _ in range(repeats):
+            wall, cpu, planner = _timed_plan(task, to_host)
+            walls.append(wall)
+            cpus.append(cpu)
+            in_hbm.append(_timed_plan(task, 0.0)[0])
         step = planner.search_result_.predicted_cost_ms if planner.search_result_ else float("nan")
-        in_hbm = _timed_plan(task, 0.0)[0]
         lines.append(
-            f"| {devices} | {tables} | {to_host:.0%} | {wall:.2f} | {cpu:.2f} | {len(planner.plan_.offloaded())} | {step:.2f} | {in_hbm:.2f} |"
+            f"| {devices} | {tables} | {to_host:.0%} | {_spread(walls)} | {_spread(cpus)} | {len(planner.plan_.offloaded())} "
+            f"| {step:.2f} | {_spread(in_hbm)} |"
         )
         print(lines[-1], flush=True)
     return "\n".join(lines)
+
+
+def _spread(seconds: list[float]) -> str:
+    """The median of ``seconds``, with their range when there are several."""
+    median = f"{statistics.median(seconds):.2f}"
+    return median if len(seconds) == 1 else f"{median} ({min(seconds):.2f}-{max(seconds):.2f})"
 
 
 def _timed_plan(task, to_host: float):
@@ -287,12 +300,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tables", type=int, default=48, help="tables per task, drawn from the full-size pool")
     p.add_argument("--out", type=Path, default=HERE / "results" / "uvm.jsonl")
     p.add_argument("--speed", action="store_true", help="time NeuroShard alone; writes results/uvm_speed_<tables>.md")
+    p.add_argument("--repeats", type=int, default=3, help="with --speed: plans of each task timed (median, range)")
     args = p.parse_args(argv)
     logging.disable(logging.WARNING)  # TorchRec's topology warning, once per plan
     if args.speed:
         text = (
             f"# Planning models beyond HBM: NeuroShard's time\n\n`python -m benchmarks.uvm --speed --tables {args.tables}` "
-            f"({time.strftime('%Y-%m-%d')}, one thread of this 2-core machine, one run each)\n\n" + planning_speed(args.tables) + "\n"
+            f"({time.strftime('%Y-%m-%d')}, one thread of this 2-core machine; median (range) of {args.repeats} plans of each "
+            "task, each beside the reference in turn)\n\n" + planning_speed(args.tables, args.repeats) + "\n"
         )
         (HERE / "results" / f"uvm_speed_{args.tables}.md").write_text(text)
         return
