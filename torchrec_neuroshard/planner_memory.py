@@ -24,7 +24,7 @@ logger = logging.getLogger("torchrec_neuroshard.planner")
 KEPT_ATTEMPTS = 3
 """Feasible offload proposals planned (each by a quick search) before the cheapest is
 searched in full and kept."""
-QUICK_SEARCH = {"beam_width": 1, "max_steps": 2, "local_search": False}
+QUICK_SEARCH = {"beam_width": 1, "max_steps": 1, "local_search": False}
 """How an offload proposal is screened: a narrow, shallow split search, no local moves."""
 
 
