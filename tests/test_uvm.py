@@ -4,6 +4,7 @@ price and the offload greedy. The planner on full-size tasks: tests/test_uvm_pla
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import replace
 
 import numpy as np
@@ -108,6 +109,18 @@ def test_a_table_moves_to_a_kernel_as_a_new_table_would_be_made_there() -> None:
         a.on_kernel(UVM, 0.5)
     with pytest.raises(ShardingError, match="table 'a': compute kernel 'key_value' is not one NeuroShard plans"):
         a.on_kernel("key_value")
+
+
+def test_a_tables_kept_hash_is_its_fields_hash_and_never_outlives_a_change() -> None:
+    """A table keeps its hash once computed (searches key caches by table): it is the hash
+    of its fields, so a table moved to another kernel (a copy with two fields changed), a
+    pickled table and an equal table made anew hash by their own fields."""
+    a = _table("a", rows=1000)
+    kept = hash(a)
+    moved = a.on_kernel(CACHING, 0.25)
+    assert hash(moved) == hash(replace(a, kernel=CACHING, cache_load_factor=0.25)) != kept
+    assert {a: 1, moved: 2}[replace(a)] == 1 and {a: 1, moved: 2}[moved.on_kernel(CACHING, 0.25)] == 2
+    assert hash(pickle.loads(pickle.dumps(a))) == kept and "_hash" not in pickle.loads(pickle.dumps(a)).__dict__
 
 
 def test_validate_checks_both_memories_and_kernel_fields() -> None:

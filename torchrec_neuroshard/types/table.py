@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import enum
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Sequence
 
 import numpy as np
@@ -145,6 +145,20 @@ class TableSpec:
                 f"table {self.name!r}: optimizer_multiplier must be finite and >= 0, got {self.optimizer_multiplier!r}"
             )
         object.__setattr__(self, "optimizer_multiplier", float(self.optimizer_multiplier))
+
+    def __hash__(self) -> int:
+        """The hash of every field, as the dataclass computes it, kept once computed: a
+        table keys a search's embedding caches and memos, and hashing its fields is dear."""
+        kept = self.__dict__.get("_hash")
+        if kept is None:
+            kept = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", kept)
+        return kept
+
+    def __getstate__(self) -> dict:
+        """The fields alone, for pickle and copy: a kept hash holds for this object in this
+        process only (``on_kernel`` changes a copy's fields; str hashes differ by process)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     def on_kernel(self, kernel: ComputeKernel | str, cache_load_factor: float | None = None) -> "TableSpec":
         """This table on ``kernel`` (with ``cache_load_factor`` for fused_uvm_caching), both
