@@ -9,7 +9,7 @@ in turn, ``--rounds`` times, every plan in a fresh process on one thread (the mo
 before the clock starts; the clock includes reading the model files, as a user's first
 plan does). Per task: the median (range) wall seconds of each, their ratio,
 and whether both made the same plan (a digest of ``Plan.to_dict``). Writes
-``studies/results/uvm_speed_ab.md``.
+``studies/results/uvm_speed_ab_<tables>.md``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-OUT = HERE / "studies" / "results" / "uvm_speed_ab.md"
+RESULTS = HERE / "studies" / "results"
 
 
 def plan_once(task_index: int, tables: int) -> dict:
@@ -108,13 +108,14 @@ def main(argv: list[str] | None = None) -> None:
             table = compare(tree, args.rounds, args.tables, range(5))
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=HERE, capture_output=True)
-    OUT.write_text(
+    out = RESULTS / f"uvm_speed_ab_{args.tables}.md"
+    out.write_text(
         f"# Planning beyond HBM: {head} (after) against {rev} (before)\n\n"
         f"`python -m studies.uvm_speed_ab --before {rev} --rounds {args.rounds} --tables {args.tables}` "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, one thread of this 2-core machine; each plan in a fresh "
         "process, the two trees in turn, task by task)\n\n" + table + "\n"
     )
-    print(OUT.read_text())
+    print(out.read_text())
 
 
 if __name__ == "__main__":
