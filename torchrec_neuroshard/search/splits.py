@@ -60,7 +60,10 @@ def split_and_place(
             break
         seen.update(children)
         keys.ensure([k for c in children for k in state_keys(c)])
-        runs = _kept_runs(memo, task, model, keys, children, config.scales) if depth == 0 else greedy_runs(task, model, keys, children, config.scales)
+        if depth == 0:  # the root's children, the same at every beam width
+            runs = _kept_runs(memo, task, model, keys, children, config.scales)
+        else:
+            runs = greedy_runs(task, model, keys, children, config.scales)
         evaluated += len(children)
         per_state = runs.cost.reshape(len(children), len(config.scales))
         state_cost = per_state.min(1)
