@@ -51,11 +51,12 @@ def greedy_plan(task: Task, key: CostKey) -> Plan:
     placements = []
     for t in sorted(task.tables, key=key, reverse=True):
         size = _memory(task, t)
-        fits = used + size <= task.memory_cap_bytes  # [D]
-        if not fits.any():
+        room = np.where(used + size <= task.memory_cap_bytes, load, np.inf)  # [D] load of the devices with room
+        least = room.min()
+        if least == np.inf:
             raise memory_shortfall_error(task, t, [task.memory_cap_bytes - int(u) for u in used])
-        lightest = np.flatnonzero(fits & (load == load[fits].min()))  # ties: less memory, then the lower index
-        d = int(lightest[np.argmin(used[lightest] - reserved[lightest])])
+        lightest = (room == least).nonzero()[0]  # ties: less memory, then the lower index
+        d = int(lightest[0] if len(lightest) == 1 else lightest[np.argmin(used[lightest] - reserved[lightest])])
         load[d] += key(t)
         used[d] += size
         placements.append(TablePlacement.whole(t, d))
