@@ -268,8 +268,8 @@ def planning_speed(tables: int, repeats: int) -> str:
             in_hbm.append(_reference_plan_s(task))
         step = planner.search_result_.predicted_cost_ms if planner.search_result_ else float("nan")
         lines.append(
-            f"| {devices} | {tables} | {to_host:.0%} | {_spread(walls)} | {_spread(cpus)} | {len(planner.plan_.offloaded())} "
-            f"| {step:.2f} | {_spread(in_hbm)} |"
+            f"| {devices} | {tables} | {to_host:.0%} | {median_range(walls)} | {median_range(cpus)} | {len(planner.plan_.offloaded())} "
+            f"| {step:.2f} | {median_range(in_hbm)} |"
         )
         print(lines[-1], flush=True)
     return "\n".join(lines)
@@ -286,7 +286,7 @@ def _reference_plan_s(task) -> float:
     return wall
 
 
-def _spread(seconds: list[float]) -> str:
+def median_range(seconds: list[float]) -> str:
     """The median of ``seconds``, with their range when there are several."""
     median = f"{statistics.median(seconds):.2f}"
     return median if len(seconds) == 1 else f"{median} ({min(seconds):.2f}-{max(seconds):.2f})"

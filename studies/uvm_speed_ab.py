@@ -29,31 +29,22 @@ RESULTS = HERE / "studies" / "results"
 
 
 def plan_once(task_index: int, tables: int) -> dict:
-    """Plan one task with the ``torchrec_neuroshard`` on the path; wall s, plan digest, step."""
+    """Plan one task as ``benchmarks.uvm._timed_plan`` does, with the ``torchrec_neuroshard``
+    and ``benchmarks`` on the path (so ``--before`` needs that function: c9e4634 or later);
+    wall s, plan digest, step."""
     import hashlib
     import logging
 
     import torch
-    from threadpoolctl import threadpool_limits
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-    from benchmarks.uvm import TASKS, setting
+    from benchmarks.uvm import TASKS, _timed_plan
     from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
-    from torchrec_neuroshard.planner import NeuroShardPlanner
-    from torchrec_neuroshard.tables import module_for_tables
 
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
     devices, seed, to_host = TASKS[task_index]
     task = generate_task(synthetic_pool(), tables, devices, WorkloadScale(1, 65_536), seed=seed)
-    topology, constraints, per_rank = setting(task, to_host)
-    module = module_for_tables(task.tables)
-    hists = {t.name: t.access_hist for t in task.tables}
-    wall = time.perf_counter()
-    planner = NeuroShardPlanner(topology, per_rank, constraints=constraints, storage_reservation=0.0, access_hists=hists)
-    with threadpool_limits(limits=1):
-        planner.plan(module, [EmbeddingBagCollectionSharder()])
-    wall = time.perf_counter() - wall
+    wall, _, planner = _timed_plan(task, to_host)
     digest = hashlib.sha1(json.dumps(planner.plan_.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
     return {"wall_s": wall, "digest": digest, "step_ms": planner.search_result_.predicted_cost_ms, "label": f"{devices}/{to_host:.0%}"}
 
@@ -69,6 +60,8 @@ def timed_in(tree: Path, task_index: int, tables: int) -> dict:
 
 
 def compare(before: Path, rounds: int, tables: int, tasks: range) -> str:
+    from benchmarks.uvm import median_range  # here, not at the top: a child imports the other tree's benchmarks
+
     rows = {(k, name): [] for k in tasks for name in ("before", "after")}
     for r in range(rounds):
         for k in tasks:
@@ -80,8 +73,7 @@ def compare(before: Path, rounds: int, tables: int, tasks: range) -> str:
         old, new = ([x["wall_s"] for x in rows[k, n]] for n in ("before", "after"))
         same = {x["digest"] for x in rows[k, "before"]} == {x["digest"] for x in rows[k, "after"]}
         lines.append(
-            f"| {rows[k, 'after'][0]['label']} | {statistics.median(old):.2f} ({min(old):.2f}-{max(old):.2f}) "
-            f"| {statistics.median(new):.2f} ({min(new):.2f}-{max(new):.2f}) "
+            f"| {rows[k, 'after'][0]['label']} | {median_range(old)} | {median_range(new)} "
             f"| {statistics.median(new) / statistics.median(old):.3f} | {'yes' if same else 'NO'} |"
         )
     return "\n".join(lines)

@@ -56,7 +56,7 @@ def greedy_plan(task: Task, key: CostKey) -> Plan:
         if least == np.inf:
             raise memory_shortfall_error(task, t, [task.memory_cap_bytes - int(u) for u in used])
         lightest = (room == least).nonzero()[0]  # ties: less memory, then the lower index
-        d = int(lightest[0] if len(lightest) == 1 else lightest[np.argmin(used[lightest] - reserved[lightest])])
+        d = int(lightest[np.argmin(used[lightest] - reserved[lightest])])
         load[d] += key(t)
         used[d] += size
         placements.append(TablePlacement.whole(t, d))
