@@ -57,7 +57,8 @@ data: venv
 	$(BIN)/neuroshard collect compute --batch-sizes 16384 65536 --seed 10 --samples 300 --out runs/cpu_compute_batch_high.jsonl
 	$(BIN)/neuroshard collect compute --precision fp16 --seed 2 --samples 800 --out runs/cpu_compute_fp16.jsonl
 	$(BIN)/neuroshard collect compute --pooling none --seed 3 --samples 800 --out runs/cpu_compute_sequence.jsonl
-	for F in cpu_compute cpu_compute_batch cpu_compute_batch_high cpu_compute_fp16 cpu_compute_sequence; do gzip -9 -c runs/$$F.jsonl > torchrec_neuroshard/lab/data/$$F.jsonl.gz; done
+	$(BIN)/neuroshard collect devices --samples 400 --out runs/cpu_compute_devices.jsonl
+	for F in cpu_compute cpu_compute_batch cpu_compute_batch_high cpu_compute_fp16 cpu_compute_sequence cpu_compute_devices; do gzip -9 -c runs/$$F.jsonl > torchrec_neuroshard/lab/data/$$F.jsonl.gz; done
 	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz
 	gzip -9 -c runs/cpu_step.jsonl > torchrec_neuroshard/lab/data/cpu_step.jsonl.gz
 

@@ -1,144 +1,156 @@
-"""The table of ``benchmarks/scale.py``: measured compute, modelled comm, planning time.
+"""The tables of ``benchmarks/scale.py``: measured compute per pool and D, ratios with
+bootstrap intervals, units won, and the cost model against the measured devices.
 
     python -m benchmarks.scale report
 
-Reads ``results/scale_planned.jsonl.gz`` (the last row of each planner and D wins) and
-``results/scale_measured.jsonl.gz`` (the rows of the plans measured last at each D) and
-writes ``results/scale.md``.
+Reads ``results/scale_planned.jsonl.gz`` (the last row of each pool, D and planner wins)
+and ``results/scale_measured.jsonl.gz`` (per pool and D, the rows of the plans judged
+last) and writes ``results/scale.md``.
 """
 
 from __future__ import annotations
 
 import datetime
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
-from benchmarks.fullsize import PLANNERS, TORCHREC_CONFIGS
+import numpy as np
+
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 
 RESULTS = Path(__file__).parent / "results"
 PLANNED = RESULTS / "scale_planned.jsonl.gz"
-"""Each planner's plan and planning time at each D (``scale.py plan`` appends; the last row wins)."""
+"""Each planner's plan, planning time and predicted devices per pool and D (``scale.py plan`` appends)."""
 MEASURED = RESULTS / "scale_measured.jsonl.gz"
-"""Each device's measured compute of each plan (``scale.py measure`` appends)."""
+"""The judge's rows: each (pass, device, draw) of each plan (``scale.py measure`` appends)."""
 RESULT = RESULTS / "scale.md"
-TORCHREC_ROWS = tuple(TORCHREC_CONFIGS)
+REFERENCES = ("torchrec_timeout", "torchrec_gpu_topology")
 
 
-@dataclass(frozen=True)
-class Measured:
-    """One plan's measurement: each device's compute in every round (data-parallel work
-    included) and the modelled communication, ms."""
-
-    rounds: tuple[tuple[float, ...], ...]
-    """rounds[d]: device d's compute in each round."""
-    comm_ms: float
-
-    @property
-    def per_device(self) -> tuple[float, ...]:
-        """each device's median round."""
-        return tuple(statistics.median(r) for r in self.rounds)
-
-    @property
-    def compute_ms(self) -> float:
-        return max(self.per_device)
-
-    @property
-    def imbalance(self) -> float:
-        """slowest device / mean device."""
-        return self.compute_ms / statistics.fmean(self.per_device)
-
-    @property
-    def spread(self) -> float:
-        """the slowest device with every device at its upper quartile round less the same
-        at the lower quartile, as a share of the compute (robust to a round spiking on one
-        device, which a per-round maximum is not)."""
-        quartiles = [statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3 for r in self.rounds]
-        return (max(q[2] for q in quartiles) - max(q[0] for q in quartiles)) / self.compute_ms
+def latest_plans(rows: list[dict], pool_seed: int, devices: int) -> dict[str, dict]:
+    """The last planning row of each planner on one task."""
+    return {r["planner"]: r for r in rows if r.get("pool_seed") == pool_seed and r["devices"] == devices}
 
 
-def measured(rows: list[dict], devices: int, planner: str) -> Measured | None:
-    """The plan's measurement of its last-measured plans (``plans_sha``), None unless every device has one."""
-    ours = [r for r in rows if r["devices"] == devices and r["planner"] == planner]
-    if not ours:
-        return None
-    mine = {r["device"]: r for r in ours if r.get("plans_sha") == ours[-1].get("plans_sha")}
-    if "all" not in mine or len(mine) != devices + 1:
-        return None
-    shared = mine.pop("all")
-    dp = shared["data_parallel_ms"]
-    rounds = tuple(tuple(f + b + dp for f, b in zip(r["fwd_ms"], r["bwd_ms"])) for _, r in sorted(mine.items()))
-    return Measured(rounds, shared["comm_input_ms"] + shared["comm_forward_ms"] + shared["comm_backward_ms"])
+def judged_task(rows: list[dict], pool_seed: int, devices: int) -> dict[str, Judged]:
+    """Per planner, its measurement in the task's last judged set of plans (complete ones only)."""
+    mine = [r for r in rows if r["pool_seed"] == pool_seed and r["devices"] == devices]
+    if not mine:
+        return {}
+    last = [r for r in mine if r["plans_sha"] == mine[-1]["plans_sha"]]
+    config = JudgeConfig(*(last[0][k] for k in ("passes", "draws", "rounds", "repeats")))
+    out = {}
+    for name in dict.fromkeys(r["planner"] for r in last):
+        judged = Judged.of([r for r in last if r["planner"] == name], devices, config)
+        if judged is not None:
+            out[name] = judged
+    return out
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.3f}" if a and b else "-"
+def _interval(a: Judged, b: Judged | None) -> str:
+    if b is None:
+        return "-"
+    ratio, low, high = ratio_interval(a, b)
+    return f"{ratio:.3f} ({low:.3f}-{high:.3f})"
 
 
-def _rows_of(devices: int, planned: dict, results: dict) -> list[str]:
+def _best_heuristic(judged: Mapping[str, Judged]) -> str | None:
+    return min((n for n in judged if n in BASELINES), key=lambda n: judged[n].compute_ms, default=None)
+
+
+def _task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: dict[str, Judged]) -> list[str]:
     lines = []
-    best_h = min((results[n].compute_ms for n in BASELINES if results.get(n)), default=None)
-    ref = {t: results[t].compute_ms if results.get(t) else None for t in TORCHREC_ROWS}
-    for name in PLANNERS:
-        p = planned.get((devices, name))
-        if p is None:
+    best = _best_heuristic(judged)
+    won = wins(judged) if judged else {}
+    units = next(iter(judged.values())).times.shape[0] if judged else 0
+    for name, p in planned.items():
+        load = f"{p['load_before']}->{p['load_after']}"
+        if p["status"] != "ok":
+            lines.append(f"| {devices} | {name} | - | - | - | - | - | - | - | {p['planning_s']} ({load}) | {p['status'][:120]} |")
             continue
-        m = results.get(name)
-        if p["status"] != "ok" or m is None:
-            lines.append(f"| {devices} | {name} | - | - | - | - | - | - | - | - | {p['planning_s']} | {p['status'][:160]} |")
-            continue
+        m = judged.get(name)
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
         note = f"{p['note']}; " if p.get("note") else ""
+        head = f"| {devices} | {name} | "
+        if m is None:
+            lines.append(head + f"not timed | - | - | - | - | - | {max(p['predicted_ms']):.1f} | {p['planning_s']} ({load}) | {note}{kinds} |")
+            continue
         lines.append(
-            f"| {devices} | {name} | {m.compute_ms:.1f} ({100 * m.spread:.0f}%) | {m.imbalance:.2f} | {m.comm_ms:.2f} "
-            f"| {m.compute_ms + m.comm_ms:.1f} | {_ratio(m.compute_ms, ref['torchrec_timeout'])} "
-            f"| {_ratio(m.compute_ms, ref['torchrec_dp'])} | {_ratio(m.compute_ms, best_h)} "
-            f"| {max(p['predicted_compute_ms']):.1f} | {p['planning_s']} | {note}{kinds} |"
+            head + f"{m.compute_ms:.1f} | {m.imbalance:.2f} | {_interval(m, judged.get(REFERENCES[0]))} "
+            f"| {_interval(m, judged.get(REFERENCES[1]))} | {_interval(m, judged.get(best)) if best else '-'} "
+            f"| {won.get(name, 0)} of {units} | {max(p['predicted_ms']):.1f} | {p['planning_s']} ({load}) | {note}{kinds} |"
         )
     return lines
 
 
-def _model_error(planned: dict, results: dict[int, dict]) -> list[str]:
-    """How far the shipped CPU model is from every plan's measured devices, per D."""
-    lines = ["", "| D | devices priced | predicted / measured per device, median | within 10% | MAPE |", "|---|---|---|---|---|"]
-    for devices, by_planner in sorted(results.items()):
-        ratios = []
-        for name, m in by_planner.items():
-            p = planned.get((devices, name))
-            if m is not None and p and p["status"] == "ok":
-                ratios += [pr / me for pr, me in zip(p["predicted_compute_ms"], m.per_device)]
-        if ratios:
-            within = sum(abs(r - 1) <= 0.10 for r in ratios) / len(ratios)
-            mape = statistics.fmean(abs(r - 1) for r in ratios)
-            lines.append(f"| {devices} | {len(ratios)} | {statistics.median(ratios):.3f} | {100 * within:.0f}% | {100 * mape:.1f}% |")
+def _model_lines(planned: dict, judged: dict) -> list[str]:
+    """Per D, the model's per-device error on NeuroShard's plans and on every plan timed."""
+    lines = [
+        "| D | plans | devices | MAPE per device, NeuroShard's plans | all plans | rank correlation within a plan, NeuroShard's (median) | all plans (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for devices in sorted({d for _, d in judged}):
+        errors: dict[bool, list[float]] = {True: [], False: []}
+        ranks: dict[bool, list[float]] = {True: [], False: []}
+        plans = 0
+        for (pool_seed, d), by_planner in judged.items():
+            if d != devices or pool_seed not in HELD_OUT_POOL_SEEDS:
+                continue
+            for name, m in by_planner.items():
+                predicted = np.asarray(planned[pool_seed, d][name]["predicted_ms"])
+                measured = m.per_device
+                ours = name == "neuroshard"
+                for group in {ours, False}:
+                    errors[group] += list(np.abs(predicted / measured - 1))
+                    ranks[group].append(rank_correlation(predicted, measured))
+                plans += 1
+        if plans:
+            lines.append(
+                f"| {devices} | {plans} | {len(errors[False])} | {_pct(errors[True])} | {_pct(errors[False])} "
+                f"| {_median(ranks[True])} | {_median(ranks[False])} |"
+            )
     return lines
 
 
+def _pct(values: list[float]) -> str:
+    return f"{100 * statistics.fmean(values):.1f}%" if values else "-"
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}" if values else "-"
+
+
 def write_report(machine: str) -> str:
-    planned = {(r["devices"], r["planner"]): r for r in read_rows(PLANNED)}
-    rows = read_rows(MEASURED)
-    all_devices = sorted({d for d, _ in planned})
-    results = {d: {n: measured(rows, d, n) for n in PLANNERS} for d in all_devices}
+    planned_rows, measured_rows = read_rows(PLANNED), read_rows(MEASURED)
+    tasks = sorted({(r["pool_seed"], r["devices"]) for r in planned_rows if "pool_seed" in r}, key=lambda t: (t[0] not in HELD_OUT_POOL_SEEDS, t))
+    planned = {t: latest_plans(planned_rows, *t) for t in tasks}
+    judged = {t: judged_task(measured_rows, *t) for t in tasks}
     lines = [
-        "# 856 tables on 8 to 128 devices, measured",
+        "# 856 tables on 8 to 128 devices, measured device by device",
         "",
         f"`python -m benchmarks.scale plan && python -m benchmarks.scale measure && python -m benchmarks.scale report`; "
-        f"{machine}, one thread; {datetime.date.today().isoformat()}. Compute: every device's kernels timed here "
-        "(rows / 64, global batch 4,096), slowest device, median of interleaved rounds (spread: the slowest device with every device at its upper quartile round less the same at its lower quartile). "
-        "Comm: priced from published H100 NVLink / 400 Gb/s InfiniBand rates (`lab.published_comm`), not measured; "
-        "sum = compute + comm. Ratios are of measured compute. Predicted: the slowest device as the shipped CPU model sees it.",
-        "",
-        "| D | planner | compute ms (spread) | slowest / mean device | comm ms (modelled) | sum ms | / TorchRec timeout "
-        "| / TorchRec DP | / best heuristic | predicted compute ms | planning s | kinds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"{machine}, one thread; report written {datetime.date.today().isoformat()}. Compute: each device of every plan "
+        "timed here as DMP runs it (fused kernels, and the data-parallel tables' dense kernel and update at the device's "
+        "local batch; rows / 64, global batch 4,096) by `lab.judge`; a plan's compute is its slowest device's median over "
+        "units (pass x draw x round); ratios of compute with a 90% paired bootstrap interval over units; 'units fastest': "
+        "the units in which the plan's slowest device was the least of all timed plans. Predicted: the slowest device as "
+        "the planning model priced it. Planning s with the machine's 1-min load average before -> after.",
     ]
-    for d in all_devices:
-        lines += _rows_of(d, planned, results[d])
-    counts = {d: sorted({len(r) for m in results[d].values() if m for r in m.rounds}) for d in all_devices}
-    lines += ["", "Timing rounds per device: " + ", ".join(f"D = {d}: {'/'.join(map(str, c))}" for d, c in counts.items() if c) + "."]
-    lines += ["", "The shipped CPU model against the measured devices (every plan's devices):"] + _model_error(planned, results)
+    for pool_seed in dict.fromkeys(p for p, _ in tasks):
+        label = "held out: no training kernel came from it" if pool_seed in HELD_OUT_POOL_SEEDS else "the TRAINING pool: claims are not made on it"
+        lines += [
+            "", f"## Pool seed {pool_seed} ({label})", "",
+            "| D | planner | compute ms | slowest / mean device | / TorchRec (CPU topology) | / TorchRec (GPU topology) "
+            "| / best heuristic timed | units fastest | predicted ms | planning s (load) | kinds |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]  # fmt: skip
+        for t in (t for t in tasks if t[0] == pool_seed):
+            lines += _task_lines(*t, planned[t], judged[t])
+    lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + _model_lines(planned, judged)
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)
     return text

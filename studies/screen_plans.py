@@ -22,10 +22,11 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from benchmarks.fullsize import plan_with
-from benchmarks.scale import _device_rounds, scale_task
+from benchmarks.scale import scale_task
 from torchrec_neuroshard.costmodel import cost_model_for
 from torchrec_neuroshard.hardware import local_hardware
-from torchrec_neuroshard.lab.evaluate import lookup_groups, task_lookups
+from torchrec_neuroshard.lab.evaluate import task_lookups
+from torchrec_neuroshard.lab.judge import JudgeConfig, time_device
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.torchrec_baseline import topology_for
 from torchrec_neuroshard.search import local
@@ -43,7 +44,7 @@ def _full_comm_estimate(model, keys, key_of, dev, now, worst, cheap, cand):
 
 def plans_of(devices: int) -> tuple[object, dict, dict]:
     """The task, and per screen (plan, planning s, predicted compute ms of its slowest device)."""
-    task = scale_task(devices)
+    task = scale_task(devices, pool_seed=0)  # the pool of that study (it ran on the training pool)
     topology = topology_for(task, "cpu")
     task = dataclasses.replace(task, links=Links.of(topology))
     model = cost_model_for(topology, "cpu").with_batch_size(task.batch_size)
@@ -83,11 +84,10 @@ def main() -> None:
         for devices in args.devices:
             task, plans, about = plans_of(devices)
             lookups = task_lookups(task)
-            groups = {name: lookup_groups(task, plan, [[t.name for t in task.tables]])[0] for name, plan in plans.items()}
             per_device = {name: [] for name in plans}
             for d in range(devices):
-                for name, rounds in _device_rounds(task, groups, lookups, d, args.rounds).items():
-                    per_device[name].append(statistics.median(f + b for f, b in rounds))
+                for row in time_device(task, plans, d, [lookups], JudgeConfig(1, 1, args.rounds, 3)):
+                    per_device[row["planner"]].append(statistics.median(row["fused_ms"]))
             compute = {name: max(ms) for name, ms in per_device.items()}
             first = next(iter(compute.values()))
             for name, ms in compute.items():

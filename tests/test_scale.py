@@ -1,15 +1,15 @@
-"""The scale benchmark's judge: published-rate communication, device-by-device timing of
-real fused kernels, and the report's arithmetic."""
+"""The scale benchmark: its held-out pools, the published-rate communication model, and
+the report read from the judge's rows."""
 
 import numpy as np
 import pytest
 
-from benchmarks.scale import _device_rounds, scale_task
-from benchmarks.scale_report import measured
+from benchmarks.scale import POOL_SEEDS, scale_task
+from benchmarks.scale_report import judged_task, latest_plans
 from torchrec_neuroshard.heuristics import baseline_plan
-from torchrec_neuroshard.lab.evaluate import lookup_groups, task_lookups
+from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.published_comm import INTER_HOST_GBPS, INTRA_HOST_GBPS, LATENCY_MS, PublishedLinks, modelled_comm
-from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, TRAINING_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.types import Plan, TablePlacement
 
 
@@ -46,42 +46,32 @@ def test_the_modelled_comm_follows_the_bytes_a_plan_moves() -> None:
     assert min(a.input_ms, a.forward_ms) > 0
 
 
-@pytest.mark.measure
-def test_every_plans_device_kernels_are_timed_in_interleaved_rounds() -> None:
-    task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(row_divisor=1024, batch_size=512), seed=4)
-    lookups = task_lookups(task)
-    plans = {name: baseline_plan(name, task) for name in ("size", "dim")}
-    groups = {name: lookup_groups(task, plan, [[t.name for t in task.tables]])[0] for name, plan in plans.items()}
-    for d in range(task.num_devices):
-        rounds = _device_rounds(task, groups, lookups, d, rounds=2)
-        assert set(rounds) == set(plans)
-        for name, times in rounds.items():
-            holds = any(d in p.devices for p in plans[name].placements)
-            assert len(times) == 2 and all((f > 0 and b > 0) == holds for f, b in times)
-
-
-def test_a_plans_measured_compute_is_its_slowest_device_with_its_replicas_and_spread() -> None:
-    rows = [
-        {"devices": 2, "device": "all", "planner": "p", "data_parallel_ms": 1.0,
-         "comm_input_ms": 0.1, "comm_forward_ms": 0.2, "comm_backward_ms": 0.3},
-        {"devices": 2, "device": 0, "planner": "p", "fwd_ms": [1.0, 2.0, 3.0], "bwd_ms": [1.0, 1.0, 1.0]},
-        {"devices": 2, "device": 1, "planner": "p", "fwd_ms": [4.0, 4.0, 6.0], "bwd_ms": [2.0, 2.0, 2.0]},
-    ]  # fmt: skip
-    m = measured(rows, 2, "p")
-    assert m.per_device == (4.0, 7.0) and m.compute_ms == 7.0 and m.comm_ms == pytest.approx(0.6)
-    assert m.imbalance == pytest.approx(7.0 / 5.5)
-    # quartiles (exclusive method) of device 0: 3 and 5, device 1: 7 and 9
-    assert m.spread == pytest.approx((9.0 - 7.0) / 7.0)
-    assert measured(rows[:2], 2, "p") is None  # a device not yet measured: no figure
-    # re-planned: the rows of the plans measured last, never a mix with the earlier plans'
-    again = [{**r, "plans_sha": "new"} for r in rows]
-    again[1] = {**again[1], "fwd_ms": [9.0, 9.0, 9.0]}
-    assert measured(rows + again, 2, "p").per_device == (11.0, 7.0)  # fwd 9 + bwd 1 + replicas 1
-    assert measured(rows + again[:2], 2, "p") is None  # the new plans' device 1 not yet timed
+def test_the_benchmark_claims_on_held_out_pools_that_no_training_pool_shares() -> None:
+    assert set(POOL_SEEDS) <= set(HELD_OUT_POOL_SEEDS) and len(POOL_SEEDS) >= 3
+    assert not set(HELD_OUT_POOL_SEEDS) & set(TRAINING_POOL_SEEDS)
 
 
 @pytest.mark.slow
-def test_the_scaled_pool_holds_the_same_tables_and_batch_at_every_device_count() -> None:
-    small, large = scale_task(8), scale_task(128)
+def test_a_pool_holds_the_same_tables_and_batch_at_every_device_count_and_pools_differ() -> None:
+    small, large = scale_task(8, POOL_SEEDS[0]), scale_task(128, POOL_SEEDS[0])
     assert small.tables == large.tables and small.batch_size == large.batch_size == 4096
     assert len(small.tables) == 856 and large.memory_cap_bytes < small.memory_cap_bytes
+    assert [t.rows for t in scale_task(8, 0).tables] != [t.rows for t in small.tables]
+
+
+def test_the_report_reads_the_last_plans_and_the_last_judged_set_of_complete_plans() -> None:
+    planned = [
+        {"pool_seed": 2, "devices": 2, "planner": "a", "status": "old"},
+        {"pool_seed": 3, "devices": 2, "planner": "a", "status": "other pool"},
+        {"pool_seed": 2, "devices": 2, "planner": "a", "status": "ok"},
+    ]
+    assert latest_plans(planned, 2, 2) == {"a": planned[2]}
+    config = {"passes": 1, "draws": 1, "rounds": 2, "repeats": 1}
+
+    def row(sha: str, planner: str, device: int, ms: float) -> dict:
+        return {"pool_seed": 2, "devices": 2, "plans_sha": sha, **config, "pass": 0, "draw": 0, "device": device,
+                "planner": planner, "fused_ms": [ms, ms], "replicas_ms": [0.0, 0.0]}  # fmt: skip
+
+    rows = [row("old", "a", 0, 9.0), row("old", "a", 1, 9.0), row("new", "a", 0, 1.0), row("new", "a", 1, 2.0), row("new", "b", 0, 3.0)]
+    judged = judged_task(rows, 2, 2)
+    assert set(judged) == {"a"} and judged["a"].compute_ms == 2.0  # b's device 1 not yet timed; the old set left

@@ -28,6 +28,11 @@ def _collect(args: argparse.Namespace) -> None:
             batch_sizes=tuple(args.batch_sizes) if args.batch_sizes else None,
         )
         print(f"{args.out}: {n} compute samples ({time.perf_counter() - t0:.0f} s this run)")
+    elif args.what == "devices":
+        from torchrec_neuroshard.lab.collect_devices import collect_device_pairs
+
+        n = collect_device_pairs(args.out, args.samples, device, seed=args.seed)
+        print(f"{args.out}: {n} pairs of device-sized kernels ({time.perf_counter() - t0:.0f} s this run)")
     elif args.what == "comm":
         n = collect.collect_comm(args.out, args.world_size, args.samples, seed=args.seed)
         print(f"{args.out}: {n} comm samples, D={args.world_size} ({time.perf_counter() - t0:.0f} s this run)")
@@ -58,7 +63,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     named = {"device_name": args.device_name, "cores": args.cores}
     model = pretrain_files(
         args.data, epochs=args.epochs, seed=args.seed, exclude_world_sizes=args.exclude_world_size,
-        hardware={k: v for k, v in named.items() if v is not None},
+        hardware={k: v for k, v in named.items() if v is not None}, stretch_beyond=args.stretch_beyond,
     )  # fmt: skip
     model.save(args.out)
     print(json.dumps(model.meta["test"], indent=2))
@@ -176,7 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_collect(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("collect", help="measure pre-training samples on this machine")
-    c.add_argument("what", choices=["compute", "comm", "step", "noise"])
+    c.add_argument(
+        "what", choices=["compute", "devices", "comm", "step", "noise"],
+        help="devices: pairs of device-sized kernels (16-128 tables) from the training pools, timed in turn (--samples counts pairs)",
+    )  # fmt: skip
     c.add_argument("--out", default="neuroshard_data.jsonl", help="JSONL file to append to")
     c.add_argument("--samples", type=int, default=1000, help="total samples wanted in --out (noise: samples re-measured)")
     c.add_argument("--world-size", type=int, default=2, help="comm: ranks to spawn")
@@ -212,6 +220,11 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--exclude-world-size", type=int, nargs="*", default=[], help="hold these world sizes out of training")
     t.add_argument("--device-name", help="name the hardware when the samples do not (older collections)")
     t.add_argument("--cores", type=int, help="CPU cores of the machine when the samples do not record them")
+    t.add_argument(
+        "--stretch-beyond", type=int, metavar="K",
+        help="train kernels of more than K tables as the planner prices them: n / K kernels of K average tables "
+        "(default: the net reads any number, and the planner stretches beyond the largest trained)",
+    )  # fmt: skip
     t.set_defaults(func=_pretrain)
 
 

@@ -47,14 +47,24 @@ def mlp(sizes: Sequence[int]) -> nn.Sequential:
 
 class ComputeNet(nn.Module):
     """Shards [S, F] with device index [S] -> log ms [N, 2] (forward, backward) per device.
-    ``reads_batch``: F ends with the log of the kernel's global batch (``feature_names``)."""
+    ``reads_batch``: F ends with the log of the kernel's global batch (``feature_names``).
+    ``stretch_beyond`` K: a kernel of n > K shards is priced as n / K kernels of K average
+    shards, in training as the planner prices it (``KernelNet.cost``); None: the head reads
+    the sum of any number of shards (the planner then stretches beyond the largest trained)."""
 
-    def __init__(self, num_features: int = len(SHARD_FEATURES), hidden: int = 128, embed: int = 64, reads_batch: bool = False) -> None:
+    def __init__(
+        self, num_features: int = len(SHARD_FEATURES), hidden: int = 128, embed: int = 64, reads_batch: bool = False,
+        stretch_beyond: int | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         want = len(feature_names(reads_batch))
         if num_features != want:
             raise ValueError(f"a compute net with reads_batch={reads_batch} reads {want} features, not {num_features}")
+        if stretch_beyond is not None and stretch_beyond < 1:
+            raise ValueError(f"stretch_beyond={stretch_beyond}: give a kernel size of at least 1 table, or None")
         self.config = {"num_features": num_features, "hidden": hidden, "embed": embed, "reads_batch": reads_batch}
+        if stretch_beyond is not None:  # absent from the files of nets before it
+            self.config["stretch_beyond"] = stretch_beyond
         self.table = mlp([num_features, hidden, hidden, embed])
         self.head = mlp([embed, hidden, 2])
 
@@ -62,10 +72,18 @@ class ComputeNet(nn.Module):
     def reads_batch(self) -> bool:
         return bool(self.config["reads_batch"])
 
+    @property
+    def stretch_beyond(self) -> int | None:
+        return self.config.get("stretch_beyond")
+
     def forward(self, x: torch.Tensor, device_index: torch.Tensor, num_devices: int) -> torch.Tensor:
-        h = self.table(x)
-        pooled = torch.zeros(num_devices, h.shape[1], dtype=h.dtype).index_add_(0, device_index, h)
-        return self.head(pooled)
+        h = self.table(x)  # [S, embed]
+        pooled = torch.zeros(num_devices, h.shape[1], dtype=h.dtype).index_add_(0, device_index, h)  # [N, embed]
+        if self.stretch_beyond is None:
+            return self.head(pooled)
+        count = torch.bincount(device_index, minlength=num_devices).to(h.dtype)  # [N]
+        stretch = (count / self.stretch_beyond).clamp_min(1.0)[:, None]  # [N, 1]
+        return self.head(pooled / stretch) + stretch.log()  # log of (the average kernel's ms x stretch)
 
 
 class CommNet(nn.Module):

@@ -123,15 +123,17 @@ def draw_compute_sample(
     index: int,
     one_width: bool = False,
     tables: tuple[int, int] = (1, MAX_TABLES_PER_SAMPLE),
+    cap_bytes: int = COMPUTE_MEMORY_CAP_BYTES,
 ) -> ComputeSample:
     """T ~ U{tables[0]..tables[1]} (default 1..15) (table, width) configs with replacement,
-    redrawn until under the cap; ``one_width``: every table at one drawn width (an unpooled
+    redrawn until the fp32 weights are under ``cap_bytes`` at the CPU scale (x 64 /
+    row_divisor at others); ``one_width``: every table at one drawn width (an unpooled
     kernel's layout)."""
     low, high = tables
     if not 1 <= low <= high:
         raise ShardingError(f"tables per compute sample must be 1 <= LOW <= HIGH, got {low} {high}")
     rng = np.random.default_rng([seed, index])
-    cap = COMPUTE_MEMORY_CAP_BYTES * 64 // scale.row_divisor
+    cap = cap_bytes * 64 // scale.row_divisor
     while True:
         t = int(rng.integers(low, high + 1))
         ids = rng.integers(0, len(pool), t)

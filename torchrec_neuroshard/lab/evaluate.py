@@ -171,10 +171,15 @@ def _row_block(lookups: Lookups, start: int, rows: int) -> Lookups:
     return indices[keep] - start, kept_before[offsets]
 
 
+def group_shards(task: Task, group: LookupGroup, d: int) -> list[Shard]:
+    """The shards of device ``d``'s fused kernel of ``group``."""
+    return [Shard(task.table(n), w, rows) for n, w, _, rows in group.shards[d]]
+
+
 def device_kernel(task: Task, group: LookupGroup, d: int, lookups: Mapping[str, Lookups]) -> tuple[list[Shard], Mapping[str, Lookups]]:
     """Device ``d``'s fused kernel of ``group``: its shards and the bags they read (a row
     block reads its own rows' indices; a rank holds one block of a table)."""
-    shards = [Shard(task.table(n), w, rows) for n, w, _, rows in group.shards[d]]
+    shards = group_shards(task, group, d)
     if not group.kind.splits_rows:
         return shards, lookups
     return shards, {n: _row_block(lookups[n], start, rows) for n, _, start, rows in group.shards[d]}

@@ -199,6 +199,68 @@ def measure_compute(
     return measured
 
 
+Step = tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None]]
+"""One training step of a kernel: its forward, and the backward (with the update) of an output."""
+
+
+def fused_step(kernel: SplitTableBatchedEmbeddingBagsCodegen, shards: Sequence[Shard], lookups: Mapping[str, Lookups], device: torch.device) -> Step:
+    """A built fused (pooled) kernel's step over ``lookups``' bags of ``shards``: the
+    kernel updates its weights in backward."""
+    indices, offsets = concat_lookups([lookups[s.table.name] for s in shards], device)
+    grad = torch.ones((offsets.numel() - 1) // len(shards), sum(s.width for s in shards), device=device)  # [batch, width sum]
+    return (lambda: kernel(indices, offsets)), (lambda out: out.backward(grad))
+
+
+def dense_kernel(tables: Sequence[TableSpec], device: torch.device) -> DenseTableBatchedEmbeddingBagsCodegen:
+    """FBGEMM's dense (non-fused) TBE over whole tables: TorchRec's data_parallel kernel."""
+    return DenseTableBatchedEmbeddingBagsCodegen([(t.rows, t.dim) for t in tables], use_cpu=device.type == "cpu").to(device)
+
+
+def replicated_step(
+    kernel: DenseTableBatchedEmbeddingBagsCodegen, tables: Sequence[TableSpec], lookups: Mapping[str, Lookups], device: torch.device, learning_rate: float = 0.01
+) -> Step:
+    """A dense kernel's step as DMP runs data-parallel tables: forward, then backward to a
+    dense gradient plus the SGD update of the whole tables the dense optimizer does."""
+    indices, offsets = concat_lookups([lookups[t.name] for t in tables], device)
+    grad = torch.ones((offsets.numel() - 1) // len(tables), sum(t.dim for t in tables), device=device)  # [local batch, dim sum]
+
+    def backward(out: torch.Tensor) -> None:
+        out.backward(grad)
+        with torch.no_grad():
+            for p in kernel.parameters():
+                p.add_(p.grad, alpha=-learning_rate)
+                p.grad = None
+
+    return (lambda: kernel(indices, offsets)), backward
+
+
+def measure_interleaved(
+    kernels: Sequence[tuple[Sequence[Shard], Mapping[str, Lookups]]],
+    device: torch.device,
+    warmup: int = 3,
+    repeats: int = 9,
+    num_threads: int | None = 1,
+) -> list[ComputeMeasurement]:
+    """Several fused kernels (pooled, fp32) timed in turn, one step each per round, so a
+    drift of the machine moves them alike and their ratios hold: each kernel's ``warmup``
+    untimed steps, then ``repeats`` rounds, the kernels' order rotated each round."""
+    with cpu_threads(num_threads if device.type == "cpu" else None):
+        steps = []
+        for shards, lookups in kernels:
+            forward, backward = fused_step(build_kernel(shards, device), shards, lookups, device)
+            for _ in range(warmup):
+                backward(forward())
+            steps.append((forward, backward))
+        fwd: list[list[float]] = [[] for _ in steps]
+        bwd: list[list[float]] = [[] for _ in steps]
+        for r in range(repeats):
+            for k in [(r + j) % len(steps) for j in range(len(steps))]:
+                m = time_forward_backward(*steps[k], device, 0, 1)
+                fwd[k].append(m.fwd.median_ms)
+                bwd[k].append(m.bwd.median_ms)
+    return [ComputeMeasurement(Timing.of(f), Timing.of(b)) for f, b in zip(fwd, bwd)]
+
+
 def measure_replicated_compute(
     tables: Sequence[TableSpec],
     lookups: Mapping[str, Lookups],
@@ -208,9 +270,7 @@ def measure_replicated_compute(
     num_threads: int | None = 1,
     learning_rate: float = 0.01,
 ) -> ComputeMeasurement:
-    """Time data-parallel tables as DMP runs them: FBGEMM's dense (non-fused) TBE, the
-    kernel of TorchRec's data_parallel sharding, forward, then backward to a dense
-    gradient plus the SGD update of the whole table the dense optimizer does.
+    """Time data-parallel tables as DMP runs them (``replicated_step``).
 
     Args:
         lookups: each table's bags at the local batch (a replica sees its rank's samples).
@@ -219,20 +279,8 @@ def measure_replicated_compute(
         zero = Timing(0.0, 0.0, (0.0,))
         return ComputeMeasurement(zero, zero)
     with cpu_threads(num_threads if device.type == "cpu" else None):
-        kernel = DenseTableBatchedEmbeddingBagsCodegen(
-            [(t.rows, t.dim) for t in tables], use_cpu=device.type == "cpu"
-        ).to(device)
-        indices, offsets = concat_lookups([lookups[t.name] for t in tables], device)
-        grad = torch.ones((offsets.numel() - 1) // len(tables), sum(t.dim for t in tables), device=device)
-
-        def backward(out: torch.Tensor) -> None:
-            out.backward(grad)
-            with torch.no_grad():
-                for p in kernel.parameters():
-                    p.add_(p.grad, alpha=-learning_rate)
-                    p.grad = None
-
-        measured = time_forward_backward(lambda: kernel(indices, offsets), backward, device, warmup, repeats)
+        step = replicated_step(dense_kernel(tables, device), tables, lookups, device, learning_rate)
+        measured = time_forward_backward(*step, device, warmup, repeats)
     return measured
 
 

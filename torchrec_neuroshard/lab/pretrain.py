@@ -48,6 +48,7 @@ def pretrain(
     exclude_world_sizes: Sequence[int] = (),
     progress: bool = True,
     hardware: dict | None = None,
+    stretch_beyond: int | None = None,
 ) -> NeuralCostModel:
     """Train the compute model, the sequence-kernel compute model if ``rows`` hold unpooled
     compute samples (``pooling_mode: none``), and the comm model if they hold comm samples,
@@ -59,11 +60,12 @@ def pretrain(
     ``exclude_world_sizes`` drops those world sizes from training and validation (their
     test samples are still scored: the unseen-world-size check). ``hardware`` overrides
     fields of the rows' hardware record (e.g. a CPU name or core count an older collector
-    did not record).
+    did not record). ``stretch_beyond``: the pooled compute net prices kernels of more
+    tables as the planner does, in training too (``ComputeNet.stretch_beyond``).
     """
     t0 = time.perf_counter()
     compute_rows = kernel_rows(rows, pooled=True)
-    cnet, cnorm, kernel_meta, test = _train_kernel(rows, True, epochs, seed, progress)
+    cnet, cnorm, kernel_meta, test = _train_kernel(rows, True, epochs, seed, progress, stretch_beyond=stretch_beyond)
     meta = {
         "hardware": {**compute_rows[0]["hardware"], **(hardware or {})},
         "batch_size": _reference_batch(rows),
@@ -144,16 +146,19 @@ def _train_comm(
 
 
 def _train_kernel(
-    rows: Sequence[dict], pooled: bool, epochs: int, seed: int, progress: bool, start: tuple[ComputeNet, Normalizer] | None = None
+    rows: Sequence[dict], pooled: bool, epochs: int, seed: int, progress: bool, start: tuple[ComputeNet, Normalizer] | None = None,
+    stretch_beyond: int | None = None,
 ) -> tuple[ComputeNet, Normalizer, dict, dict]:
     """The compute net of one kernel kind trained on its rows (split 80/10/10 by group),
-    from ``start``'s weights and normaliser when given (reading the batch if that net does):
-    (net, normaliser, what the model's meta records of it, its test metrics)."""
+    from ``start``'s weights and normaliser when given (reading the batch if that net does),
+    else a fresh net stretching beyond ``stretch_beyond`` tables: (net, normaliser, what the
+    model's meta records of it, its test metrics)."""
     data, (tr, va, te) = _kernel_split(rows, pooled, seed, start[0].reads_batch if start else None)
-    net, norm, log = train_compute(data.subset(tr), data.subset(va), epochs, seed, progress=progress, start=start)
+    net, norm, log = train_compute(data.subset(tr), data.subset(va), epochs, seed, progress=progress, start=start, stretch_beyond=stretch_beyond)
     mine = kernel_rows(rows, pooled)
     meta = {
-        "max_tables_per_kernel": max(len(r["shards"]) for r in mine),
+        # the planner stretches beyond this as the net was trained to (``ComputeNet.stretch_beyond``)
+        "max_tables_per_kernel": net.stretch_beyond or max(len(r["shards"]) for r in mine),
         "bytes_per_element_trained": sorted({int(sh.get("bytes_per_element", 4)) for r in mine for sh in r["shards"]}),
         "feature_range": FeatureRange.fit(data.subset(tr).x).state(),
         "batch_sizes_trained": [int(data.subset(tr).batch_size.min()), int(data.subset(tr).batch_size.max())],

@@ -44,6 +44,34 @@ def _comm_predict(net: CommNet, norm: Normalizer, data: CommData) -> torch.Tenso
     return net(norm(data.x), data.x[:, DEVICE_FEATURES.index("wait_ms")])
 
 
+def _minibatches(data: Data, batch: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Shuffled minibatches of about ``batch`` samples; two samples timed as a pair stay
+    side by side (so the pair loss sees them together)."""
+    order = rng.permutation(len(data))
+    pair = getattr(data, "pair", None)
+    if pair is not None and (pair >= 0).any():
+        unit = np.where(pair[order] >= 0, pair[order], -1 - np.arange(len(order)))  # a pair, or the sample alone
+        _, first, which = np.unique(unit, return_index=True, return_inverse=True)
+        order = order[np.argsort(first[which], kind="stable")]  # each sample where its unit first comes
+    return np.array_split(order, max(1, len(data) // batch))
+
+
+PAIR_WEIGHT = 1.0
+"""Weight of the pair loss (log ratio of two kernels timed in turn) beside the level loss."""
+
+
+def _compute_loss(net: ComputeNet, norm: Normalizer, data: ComputeData) -> torch.Tensor:
+    """MSE of log (forward, backward) ms; plus, for samples timed as a pair, MSE of the log
+    ratio of the two: a ratio the machine's drift does not move."""
+    log_pred, log_true = _compute_predict(net, norm, data), data.y.log()  # [N, 2]
+    loss = ((log_pred - log_true) ** 2).mean()
+    pairs = torch.as_tensor(data.pairs())  # [P, 2]
+    if len(pairs):
+        diff = (log_pred[pairs[:, 0]] - log_pred[pairs[:, 1]]) - (log_true[pairs[:, 0]] - log_true[pairs[:, 1]])  # [P, 2]
+        loss = loss + PAIR_WEIGHT * (diff**2).mean()
+    return loss
+
+
 def _fit(
     net: nn.Module,
     loss_of: Callable[[Data], torch.Tensor],
@@ -67,7 +95,7 @@ def _fit(
         bar = tqdm(range(epochs), desc=desc, disable=not progress)
         for _ in bar:
             net.train()
-            for idx in np.array_split(rng.permutation(len(train)), max(1, len(train) // batch)):
+            for idx in _minibatches(train, batch, rng):
                 loss = loss_of(train.subset(idx))
                 opt.zero_grad()
                 loss.backward()
@@ -98,19 +126,22 @@ def train_compute(
     patience: int = 20,
     progress: bool = True,
     start: tuple[ComputeNet, Normalizer] | None = None,
+    stretch_beyond: int | None = None,
 ) -> tuple[ComputeNet, Normalizer, dict]:
-    """Fit log ms of (forward, backward) with MSE; keep the best validation checkpoint.
-    ``start``: fine-tune a copy of that net with its normaliser instead of a fresh one (it
-    must read the batch where the data carry it, and only then)."""
+    """Fit log ms of (forward, backward) with MSE (and the pair loss, ``_compute_loss``);
+    keep the best validation checkpoint. ``start``: fine-tune a copy of that net with its
+    normaliser instead of a fresh one (it must read the batch where the data carry it, and
+    only then). ``stretch_beyond``: a fresh net's ``ComputeNet.stretch_beyond``."""
     torch.manual_seed(seed)
     if start is not None and start[0].reads_batch != train.reads_batch:
         raise ValueError(f"the starting net has reads_batch={start[0].reads_batch}, the data {train.reads_batch}")
     if start is not None:
         net, norm = copy.deepcopy(start[0]), start[1]
     else:
-        net, norm = ComputeNet(train.x.shape[1], reads_batch=train.reads_batch), Normalizer.fit(train.x)
+        net = ComputeNet(train.x.shape[1], reads_batch=train.reads_batch, stretch_beyond=stretch_beyond)
+        norm = Normalizer.fit(train.x)
     log = _fit(
-        net, lambda d: ((_compute_predict(net, norm, d) - d.y.log()) ** 2).mean(),
+        net, lambda d: _compute_loss(net, norm, d),
         train, val, epochs, seed, batch, lr, patience, progress, "compute model" if start is None else "fine-tuning compute",
     )  # fmt: skip
     return net, norm, log
@@ -143,13 +174,20 @@ def train_comm(
 def compute_metrics(net: ComputeNet, norm: Normalizer, data: ComputeData) -> dict:
     pred = _compute_predict(net, norm, data).exp()
     total_pred, total = pred.sum(1), data.y.sum(1)
-    return {
+    metrics = {
         "samples": len(data),
         "mape_total": mape(total_pred, total),
         "mape_fwd": mape(pred[:, 0], data.y[:, 0]),
         "mape_bwd": mape(pred[:, 1], data.y[:, 1]),
         "spearman_total": spearman(total_pred, total),
     }
+    pairs = torch.as_tensor(data.pairs())  # [P, 2]
+    if len(pairs):
+        ratio_pred, ratio = total_pred[pairs[:, 0]] / total_pred[pairs[:, 1]], total[pairs[:, 0]] / total[pairs[:, 1]]
+        metrics["pairs"] = len(pairs)
+        metrics["pair_ratio_mape"] = mape(ratio_pred, ratio)
+        metrics["pair_order_agreement"] = float(((ratio_pred > 1) == (ratio > 1)).double().mean())
+    return metrics
 
 
 @torch.no_grad()

@@ -27,7 +27,8 @@ from the "dp" sample of the same index."""
 class ComputeData:
     """Compute samples: shard features x [S, F] with each sample's shards contiguous (the
     log of its batch last where ``reads_batch``), owning sample of each shard [S], targets
-    y [N, 2] (forward, backward ms), group [N], global batch [N]."""
+    y [N, 2] (forward, backward ms), group [N], global batch [N], and the pair a sample was
+    timed in turn with [N] (-1: none; ``lab.collect_devices``)."""
 
     x: torch.Tensor
     sample: torch.Tensor
@@ -35,6 +36,7 @@ class ComputeData:
     group: np.ndarray
     batch_size: np.ndarray
     reads_batch: bool
+    pair: np.ndarray
 
     def subset(self, keep: np.ndarray) -> "ComputeData":
         """The samples where ``keep`` (a boolean mask [N] or sample indices) holds."""
@@ -50,7 +52,15 @@ class ComputeData:
             self.group[idx],
             self.batch_size[idx],
             self.reads_batch,
+            self.pair[idx],
         )
+
+    def pairs(self) -> np.ndarray:
+        """Index pairs [P, 2] of the samples timed in turn whose partner is here too."""
+        paired = np.flatnonzero(self.pair >= 0)
+        order = paired[np.argsort(self.pair[paired], kind="stable")]
+        same = self.pair[order[:-1]] == self.pair[order[1:]]
+        return np.stack([order[:-1][same], order[1:][same]], axis=1)
 
     def __len__(self) -> int:
         return self.y.shape[0]
@@ -105,7 +115,8 @@ def load_compute_data(rows: Sequence[dict], pooled: bool = True, reads_batch: bo
         sample += [k] * len(shards)
     y = torch.tensor([[r["fwd_ms"], r["bwd_ms"]] for r in mine], dtype=torch.float32)
     group = np.asarray([r["group"] for r in mine])
-    return ComputeData(torch.cat(feats), torch.tensor(sample), y, group, np.asarray(batches), reads_batch)
+    pair = np.asarray([r["group"] if "pair" in r else -1 for r in mine])  # a pair's two rows share their group
+    return ComputeData(torch.cat(feats), torch.tensor(sample), y, group, np.asarray(batches), reads_batch, pair)
 
 
 def load_comm_data(rows: Sequence[dict]) -> CommData:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from torchrec_neuroshard.access import active_rows, expected_access_histogram, expected_unique
-from torchrec_neuroshard.types import NUM_ACCESS_BINS, TableSpec, Task
+from torchrec_neuroshard.types import NUM_ACCESS_BINS, ShardingError, TableSpec, Task
 
 # Published statistics of the 2021 DLRM dataset file (REFERENCE.md sec. 7).
 DLRM_NUM_TABLES = 856
@@ -32,6 +32,12 @@ DLRM_REUSE_HISTOGRAM = (
     0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
 )  # fmt: skip
 """Share of unique indices accessed k times in one batch, bins (0,1], (1,2], ... >32768."""
+
+TRAINING_POOL_SEEDS = (0, *range(10, 20))
+"""The pools training kernels come from: seed 0 (every collection before issue 43) and
+10-19 (the device-sized kernels, ``lab.collect_devices``)."""
+HELD_OUT_POOL_SEEDS = (2, 3, 4, 5, 7)
+"""Pools no training kernel came from. Claims are made on these; collectors refuse them."""
 
 DIMS = (4, 8, 16, 32, 64, 128)
 """Embedding widths the pool's tables are augmented over (the prototype's choice)."""
@@ -106,6 +112,17 @@ def synthetic_pool(num_tables: int = DLRM_NUM_TABLES, seed: int = 0) -> list[Poo
         PoolTable(f"t{i}", int(r), round(float(p), 3), *REUSE_MIXTURE[c][:2])
         for i, (r, p, c) in enumerate(zip(rows, pooling, component))
     ]
+
+
+def training_pool(seed: int) -> list[PoolTable]:
+    """``synthetic_pool(seed=seed)`` for a collector of training samples: a held-out seed
+    is refused, so no claim's tables ever reach a model."""
+    if seed in HELD_OUT_POOL_SEEDS:
+        raise ShardingError(
+            f"pool seed {seed} is held out (workloads.HELD_OUT_POOL_SEEDS {HELD_OUT_POOL_SEEDS}): "
+            f"collect training samples from another, e.g. one of TRAINING_POOL_SEEDS {TRAINING_POOL_SEEDS}"
+        )
+    return synthetic_pool(seed=seed)
 
 
 FIT_ALPHAS = (0.0, 0.3, 0.6, 0.9, 1.2, 1.5)

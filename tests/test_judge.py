@@ -1,0 +1,92 @@
+"""The judge of plans (lab.judge): every device of every plan timed here in passes of
+opposite device order, draws of ids and interleaved rounds, replicas inside the rounds;
+and the judgement's arithmetic (slowest device, paired bootstrap, units won)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from torchrec_neuroshard.heuristics import baseline_plan
+from torchrec_neuroshard.lab.evaluate import task_lookups
+from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, device_order, judge_plans, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
+
+TINY = WorkloadScale(row_divisor=1024, batch_size=512)
+
+
+def test_a_judge_config_needs_every_count_at_least_one() -> None:
+    assert JudgeConfig(2, 2, 3).units == 12
+    with pytest.raises(ValueError, match="JudgeConfig.draws is 0"):
+        JudgeConfig(draws=0)
+
+
+def test_passes_visit_the_devices_in_opposite_orders() -> None:
+    assert device_order(3, 0) == [0, 1, 2] and device_order(3, 1) == [2, 1, 0] and device_order(3, 2) == [0, 1, 2]
+
+
+def _with_a_replica(plan: Plan, table: str) -> Plan:
+    placements = tuple(p if p.table != table else TablePlacement(table, kind=ShardingKind.DATA_PARALLEL) for p in plan.placements)
+    return dataclasses.replace(plan, placements=placements)
+
+
+@pytest.mark.measure
+def test_every_device_of_every_plan_is_timed_in_each_pass_draw_and_round_and_resumes() -> None:
+    task = generate_task(synthetic_pool(seed=2), 8, 2, TINY, seed=4)
+    smallest = min(task.tables, key=lambda t: t.rows * t.dim).name
+    plans = {"size": baseline_plan("size", task), "replicating": _with_a_replica(baseline_plan("dim", task), smallest)}
+    config = JudgeConfig(passes=2, draws=2, rounds=2, repeats=1)
+    draws = [task_lookups(task, draw=k) for k in range(config.draws)]
+    appended: list[list[dict]] = []
+    rows = judge_plans(task, plans, draws, config, append=appended.append)
+    assert [(batch[0]["pass"], batch[0]["device"]) for batch in appended] == [(0, 0), (0, 1), (1, 1), (1, 0)]
+    assert len(rows) == config.passes * task.num_devices * config.draws * len(plans)
+    for r in rows:
+        holds = any(r["device"] in p.devices for p in plans[r["planner"]].placements)
+        assert len(r["fused_ms"]) == len(r["replicas_ms"]) == config.rounds
+        assert all((ms > 0) == holds for ms in r["fused_ms"])
+        assert all((ms > 0) == (r["planner"] == "replicating") for ms in r["replicas_ms"])  # every rank runs the replicas
+    for name in plans:
+        judged = Judged.of([r for r in rows if r["planner"] == name], task.num_devices, config)
+        assert judged.times.shape == (config.units, task.num_devices)
+    again = judge_plans(task, plans, draws, config, done=[(0, 0), (0, 1), (1, 1)])
+    assert {(r["pass"], r["device"]) for r in again} == {(1, 0)}  # the devices measured before are skipped
+
+
+def _rows(times: np.ndarray, planner: str = "p") -> list[dict]:
+    """Rows of a [pass, draw, round, device] array of times, split half fused, half replicas."""
+    passes, draws, _, devices = times.shape
+    return [
+        {"pass": p, "draw": k, "device": d, "planner": planner, "fused_ms": list(times[p, k, :, d] / 2), "replicas_ms": list(times[p, k, :, d] / 2)}
+        for p in range(passes) for k in range(draws) for d in range(devices)
+    ]  # fmt: skip
+
+
+def test_a_plans_compute_is_its_slowest_devices_median_over_units() -> None:
+    config = JudgeConfig(passes=1, draws=2, rounds=3)
+    times = np.array([[[[1.0, 4.0], [2.0, 5.0], [3.0, 9.0]], [[2.0, 4.0], [2.0, 4.0], [8.0, 5.0]]]])  # [1, 2, 3, 2]
+    judged = Judged.of(_rows(times), 2, config)
+    assert list(judged.per_device) == [2.0, 4.5] and judged.compute_ms == 4.5
+    assert judged.imbalance == pytest.approx(4.5 / 3.25)
+    assert list(judged.unit_compute) == [4.0, 5.0, 9.0, 4.0, 4.0, 8.0]
+    assert Judged.of(_rows(times)[:-1], 2, config) is None  # a device of a draw not yet timed: no figure
+
+
+def test_ratios_come_with_a_paired_interval_and_units_are_won_by_the_least_slowest_device() -> None:
+    rng = np.random.default_rng(0)
+    drift = rng.uniform(0.5, 2.0, (40, 1))  # [units, 1]: the machine's drift moves both plans alike
+    a, b = Judged(drift * np.array([[9.0, 10.0]])), Judged(drift * np.array([[12.0, 11.0]]))
+    ratio, low, high = ratio_interval(a, b)
+    assert ratio == pytest.approx(10 / 12) and low == pytest.approx(ratio) and high == pytest.approx(ratio)  # paired: drift cancels
+    noisy = Judged(b.times * rng.uniform(0.9, 1.1, b.times.shape))
+    ratio, low, high = ratio_interval(a, noisy)
+    assert low < ratio < high < 1.0
+    assert wins({"a": a, "b": b}) == {"a": 40, "b": 0}
+    with pytest.raises(ValueError, match="judge them in one run"):
+        ratio_interval(a, Judged(b.times[:10]))
+
+
+def test_the_rank_correlation_of_devices_is_spearmans() -> None:
+    assert rank_correlation([1.0, 2.0, 3.0], [10.0, 30.0, 20.0]) == pytest.approx(0.5)
+    assert rank_correlation([3.0, 2.0, 1.0], [1.0, 2.0, 3.0]) == pytest.approx(-1.0)

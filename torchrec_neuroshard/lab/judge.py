@@ -1,0 +1,195 @@
+"""The judge of plans: each device of every plan timed on this machine as DMP runs it,
+one device at a time, so that plans for many devices are compared on one.
+
+A device's work in a plan: one fused TBE per sharding kind (its column shards over the
+global batch, its row blocks over their own rows' indices) and the plan's data-parallel
+tables as DMP runs them (the dense TBE over the device's local batch, backward to the
+whole-table gradient, and its SGD update). The protocol, for a noisy machine (issue 43):
+
+- devices are visited in ``passes`` passes, each in the opposite order to the one before,
+  so the machine's drift over a pass falls on opposite devices;
+- at a device every plan's kernels are built once, then for each of ``draws`` draws of
+  ids (other batches of the same tables, ``workloads.sample_lookups``) ``rounds`` rounds
+  time every plan's device once each (one untimed step, then the median of ``repeats``
+  timed ones), the plans' order rotated from round to round;
+- a unit is one (pass, draw, round); a plan's time in a unit is its slowest device, and its
+  compute the slowest device's median over units. Ratios come with a paired bootstrap
+  interval over units, and the units each plan is fastest in are counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from torchrec_neuroshard.lab.evaluate import _local_lookups, device_kernel, group_shards, lookup_groups
+from torchrec_neuroshard.lab.measure_compute import Lookups, Step, build_kernel, dense_kernel, fused_step, replicated_step, time_forward_backward
+from torchrec_neuroshard.lab.training import spearman
+from torchrec_neuroshard.types import Plan, Task
+
+CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """How many passes over the devices, draws of ids, rounds per draw and timed steps per round."""
+
+    passes: int = 2
+    draws: int = 2
+    rounds: int = 3
+    repeats: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("passes", "draws", "rounds", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"JudgeConfig.{name} is {getattr(self, name)}: give at least 1")
+
+    @property
+    def units(self) -> int:
+        return self.passes * self.draws * self.rounds
+
+
+def device_order(num_devices: int, pass_index: int) -> list[int]:
+    """The devices of a pass: ascending in even passes, descending in odd ones."""
+    order = list(range(num_devices))
+    return order if pass_index % 2 == 0 else order[::-1]
+
+
+class DeviceWork:
+    """What one device runs in one plan, built once: its fused kernels and its replicas."""
+
+    def __init__(self, task: Task, plan: Plan, device: int) -> None:
+        self.task, self.device = task, device
+        groups, (replicated,) = lookup_groups(task, plan, [[t.name for t in task.tables]])
+        self.groups = [g for g in groups if g.shards[device]]
+        self.kernels = [build_kernel(group_shards(task, g, device), CPU) for g in self.groups]
+        self.replicas = [task.table(n) for n in replicated]
+        self.dense = dense_kernel(self.replicas, CPU) if self.replicas else None
+
+    def steps(self, lookups: Mapping[str, Lookups]) -> tuple[list[Step], list[Step]]:
+        """(the fused kernels' steps, the replicas' step) on one draw's bags."""
+        fused = []
+        for group, kernel in zip(self.groups, self.kernels):
+            shards, bags = device_kernel(self.task, group, self.device, lookups)
+            fused.append(fused_step(kernel, shards, bags, CPU))
+        if self.dense is None:
+            return fused, []
+        local = {t.name: _local_lookups(lookups[t.name], self.device, self.task.per_rank_batch) for t in self.replicas}
+        return fused, [replicated_step(self.dense, self.replicas, local, CPU)]
+
+
+def _time(steps: Sequence[Step], repeats: int) -> float:
+    """ms of one round of ``steps``: each one untimed, then the median of ``repeats``, summed."""
+    return sum(time_forward_backward(*s, CPU, 1, repeats).total_ms for s in steps)
+
+
+def time_device(
+    task: Task, plans: Mapping[str, Plan], device: int, draws: Sequence[Mapping[str, Lookups]], config: JudgeConfig, rotation: int = 0
+) -> list[dict]:
+    """Every plan's work on ``device`` in ``config.rounds`` interleaved rounds per draw:
+    a row per (draw, plan) with the fused kernels' and the replicas' ms of each round."""
+    work = {name: DeviceWork(task, plan, device) for name, plan in plans.items()}
+    names, rows = list(work), []
+    for draw, lookups in enumerate(draws):
+        steps = {name: w.steps(lookups) for name, w in work.items()}
+        fused: dict[str, list[float]] = {n: [] for n in names}
+        replicas: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(config.rounds):
+            start = (rotation + r) % len(names)
+            for name in names[start:] + names[:start]:
+                fused[name].append(round(_time(steps[name][0], config.repeats), 4))
+                replicas[name].append(round(_time(steps[name][1], config.repeats), 4))
+        rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n]} for n in names]
+    return rows
+
+
+def judge_plans(
+    task: Task,
+    plans: Mapping[str, Plan],
+    draws: Sequence[Mapping[str, Lookups]],
+    config: JudgeConfig,
+    done: Iterable[tuple[int, int]] = (),
+    append: Callable[[list[dict]], None] = lambda rows: None,
+    progress: Callable[[Iterable], Iterable] = lambda it: it,
+) -> list[dict]:
+    """Time every device of ``plans`` by the protocol; each device's rows (with their
+    ``pass``) go to ``append`` as measured, a (pass, device) in ``done`` is skipped. Returns
+    the rows measured here."""
+    if len(draws) != config.draws:
+        raise ValueError(f"{len(draws)} draws of ids given for a JudgeConfig of {config.draws}")
+    skip, out = set(done), []
+    visits = [(p, d) for p in range(config.passes) for d in device_order(task.num_devices, p)]
+    for k, (p, d) in enumerate(progress(visits)):
+        if (p, d) in skip:
+            continue
+        rows = [{**row, "pass": p} for row in time_device(task, plans, d, draws, config, rotation=k)]
+        append(rows)
+        out += rows
+    return out
+
+
+# ---------------------------------------------------------------- the judgement
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One plan's measurement: times [units, devices] ms, fused kernels plus replicas,
+    units ordered by (pass, draw, round)."""
+
+    times: np.ndarray
+
+    @staticmethod
+    def of(rows: Sequence[dict], num_devices: int, config: JudgeConfig) -> "Judged | None":
+        """From one plan's rows (``judge_plans``'); None unless every (pass, device, draw) is there."""
+        times = np.full((config.passes, config.draws, config.rounds, num_devices), np.nan)  # [pass, draw, round, device]
+        for r in rows:
+            times[r["pass"], r["draw"], :, r["device"]] = np.add(r["fused_ms"], r["replicas_ms"])
+        if np.isnan(times).any():
+            return None
+        return Judged(times.reshape(config.units, num_devices))
+
+    @property
+    def per_device(self) -> np.ndarray:
+        """Each device's median over units [devices]."""
+        return np.median(self.times, axis=0)
+
+    @property
+    def compute_ms(self) -> float:
+        return float(self.per_device.max())
+
+    @property
+    def imbalance(self) -> float:
+        """Slowest / mean device."""
+        return self.compute_ms / float(self.per_device.mean())
+
+    @property
+    def unit_compute(self) -> np.ndarray:
+        """The slowest device in each unit [units]."""
+        return self.times.max(axis=1)
+
+
+def ratio_interval(a: Judged, b: Judged, samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
+    """``a``'s compute / ``b``'s, and its paired bootstrap interval over units (the same
+    resampled units for both: they were timed side by side)."""
+    units = a.times.shape[0]
+    if b.times.shape[0] != units:
+        raise ValueError(f"plans measured over {units} and {b.times.shape[0]} units: judge them in one run")
+    pick = np.random.default_rng(seed).integers(0, units, (samples, units))  # [samples, units]
+    ratios = np.median(a.times[pick], axis=1).max(axis=1) / np.median(b.times[pick], axis=1).max(axis=1)  # [samples]
+    tail = (1 - level) / 2
+    return a.compute_ms / b.compute_ms, float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+def wins(judged: Mapping[str, Judged]) -> dict[str, int]:
+    """Per plan, the units in which it is the fastest (its slowest device the least)."""
+    names = list(judged)
+    fastest = np.argmin(np.stack([judged[n].unit_compute for n in names]), axis=0)  # [units]
+    return {n: int((fastest == i).sum()) for i, n in enumerate(names)}
+
+
+def rank_correlation(predicted: Sequence[float], measured: Sequence[float]) -> float:
+    """Spearman's rank correlation of a plan's devices, predicted against measured."""
+    return spearman(torch.as_tensor(predicted, dtype=torch.float64), torch.as_tensor(measured, dtype=torch.float64))
