@@ -10,7 +10,10 @@ device memory 1.3 x an even share. By default the pools are the first three held
 (``workloads.HELD_OUT_POOL_SEEDS``), never seen by a training kernel; ``--pool-seeds 0``
 adds the training pool, whose rows the report labels so.
 
-Planners: NeuroShard (``search`` with the shipped CPU model, or ``--model``); TorchRec's
+Planners: NeuroShard (``search`` with the shipped CPU model, or ``--model``, its collectives
+priced by the topology's links as TorchRec's are: ``priced_by_links``; the model's own comm
+prices gloo on this machine's loopback, which an emulated cluster's devices would not pay
+and the judge does not time; planned with it, NeuroShard traded kernel time for it); TorchRec's
 ``EmbeddingShardingPlanner`` as its users run it (per-rank batch, pooling factors as
 constraints, its own ``timeout_seconds``, default proposers) on the task's CPU topology,
 and on a cuda topology of the same memory (``torchrec_gpu_topology``: the plan a GPU user
@@ -44,6 +47,7 @@ from benchmarks.fullsize import PLANNERS as FULLSIZE_PLANNERS
 from benchmarks.fullsize import plan_with
 from benchmarks.scale_report import MEASURED, PLANNED, latest_plans, write_report
 from torchrec_neuroshard.costmodel import cost_model_for
+from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.evaluate import task_lookups
@@ -79,17 +83,22 @@ def _plan_one(name: str, task: Task, model, torchrec_timeout: int) -> tuple[Plan
     return plan_with(name, task, model, torchrec_timeout, device_type="cpu")
 
 
-def plan_all(num_devices: int, pool_seed: int, torchrec_timeout: int, planners: Sequence[str], model_path: str | None) -> None:
+def plan_all(
+    num_devices: int, pool_seed: int, torchrec_timeout: int, planners: Sequence[str], model_path: str | None, measured_comm: bool = False
+) -> None:
     """``planners`` on one task: a row each, with its plan, appended to ``PLANNED`` (the
-    report and the judge read the last row of each)."""
+    report and the judge read the last row of each). ``measured_comm``: NeuroShard prices
+    collectives by its model's own (gloo) comm, not the topology's links."""
     task = scale_task(num_devices, pool_seed)
     topology = torchrec_topology(task, "cpu")
     task = dataclasses.replace(task, links=Links.of(topology))  # as NeuroShardPlanner gets it
     model = cost_model_for(topology, model_path or "cpu").with_batch_size(task.batch_size)
+    if not measured_comm:  # the emulated devices' collectives run on a cluster's links, not this machine's loopback
+        model = priced_by_links(model, topology)
     for name in planners:
         row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, "load_before": round(os.getloadavg()[0], 2)}
         if name.startswith("neuroshard"):
-            row["model"] = model_path or "shipped cpu.pt"
+            row.update(model=model_path or "shipped cpu.pt", comm="the model's (gloo)" if measured_comm else "the topology's links")
         t0 = time.perf_counter()
         try:
             plan, about = _plan_one(name, task, model, torchrec_timeout)
@@ -145,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         "neuroshard_LABEL is NeuroShard planning with --model, kept beside the shipped model's plans",
     )  # fmt: skip
     p.add_argument("--model", help="plan: NeuroShard's cost model file (default the shipped CPU model)")
+    p.add_argument("--measured-comm", action="store_true", help="plan: NeuroShard prices collectives by its model's comm (gloo here)")
     p.add_argument("--torchrec-timeout", type=int, default=300, help="TorchRec's own timeout_seconds")
     p.add_argument("--passes", type=int, default=JudgeConfig.passes)
     p.add_argument("--draws", type=int, default=JudgeConfig.draws)
@@ -155,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         for pool_seed in args.pool_seeds if args.step != "report" else []:
             if args.step == "plan":
                 for d in args.devices:
-                    plan_all(d, pool_seed, args.torchrec_timeout, args.planners or PLANNERS, args.model)
+                    plan_all(d, pool_seed, args.torchrec_timeout, args.planners or PLANNERS, args.model, args.measured_comm)
                 continue
             config = JudgeConfig(args.passes, args.draws, args.rounds)
             draws = [task_lookups(scale_task(args.devices[0], pool_seed), draw=k) for k in range(config.draws)]

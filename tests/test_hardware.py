@@ -14,7 +14,7 @@ from torchrec_neuroshard.hardware import Hardware, hardware_mismatch, local_hard
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.tables import module_for_tables
-from torchrec_neuroshard.types import ShardingError
+from torchrec_neuroshard.types import Shard, ShardingError
 
 GIB_PER_S = 2**30 / 1000  # bytes per ms
 
@@ -121,3 +121,20 @@ def test_plan_a_cuda_topology_on_a_meta_device_model_without_a_gpu(caplog) -> No
     assert all("cuda" in p for p in placements)
     assert "a model measured on cuda NVIDIA H200" in caplog.text  # the GPU model, chosen by the topology
     assert "alpha-beta stand-in" in caplog.text
+
+
+def test_a_model_priced_by_the_links_keeps_its_kernels_and_prices_every_collective_by_the_topology() -> None:
+    from torchrec_neuroshard.costmodel.shipped import priced_by_links
+
+    topology = Topology(world_size=8, compute_device="cpu", local_world_size=8)
+    measured = cost_model_for(topology)
+    assert isinstance(measured.comm, NeuralComm) and {"all_reduce", "input_dist", "dp_fwd"} <= set(measured.step_parts.to_dict())
+    linked = priced_by_links(measured, topology)
+    assert isinstance(linked.comm, AlphaBetaComm) and linked.comm.intra_host_bw == float(topology.intra_host_bw)
+    assert set(linked.meta["step_parts"]) == {"dp_fwd", "dp_bwd"}  # the data-parallel kernel is compute: kept
+    task = generate_task(synthetic_pool(), 6, 8, WorkloadScale(), seed=2)
+    shards = [Shard(t, t.dim) for t in task.tables]
+    pooled = measured.embed_shards(shards).sum(0, keepdims=True)
+    assert np.array_equal(measured.device_cost(pooled), linked.device_cost(linked.embed_shards(shards).sum(0, keepdims=True)))
+    dims = np.array([[256.0] * 8])
+    assert linked.comm_cost_array(dims, np.zeros_like(dims)).sum() < measured.comm_cost_array(dims, np.zeros_like(dims)).sum()

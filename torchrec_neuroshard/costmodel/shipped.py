@@ -170,7 +170,6 @@ def _within_reach(model: NeuralCostModel, topology: Any) -> NeuralCostModel:
     dropped = sorted(op for op in (*COLLECTIVES, "input_dist") if op in parts and far(measured_at.get(op, [])))
     if not comm_far and not dropped:
         return model
-    meta = dict(model.meta, step_parts={op: c for op, c in parts.items() if op not in dropped})
     links = AlphaBetaComm.from_topology(topology, model.batch_size)
     logger.warning(
         "world size %d is beyond %dx the world sizes this model's communication was measured at (%s): the "
@@ -179,5 +178,22 @@ def _within_reach(model: NeuralCostModel, topology: Any) -> NeuralCostModel:
         world, MAX_WORLD_SIZE_EXTRAPOLATION, model.meta.get("world_sizes_trained") or measured_at,
         ", ".join((["pooled all-to-all"] if comm_far else []) + dropped), links.describe(), world,
     )  # fmt: skip
+    return _with_comm_parts(model, links if comm_far else model.comm, dropped)
+
+
+def priced_by_links(model: NeuralCostModel, topology: Any) -> NeuralCostModel:
+    """``model``'s compute with every communication part (pooled all-to-all, collectives,
+    input distribution) priced by ``topology``'s links (``AlphaBetaComm``): for devices
+    whose network is not the one the model measured, e.g. a cluster emulated device by
+    device on a CPU, whose kernels the model prices but whose gloo loopback it would not pay."""
+    parts = model.meta.get("step_parts") or {}
+    dropped = [op for op in (*COLLECTIVES, "input_dist") if op in parts]
+    return _with_comm_parts(model, AlphaBetaComm.from_topology(topology, model.batch_size), dropped)
+
+
+def _with_comm_parts(model: NeuralCostModel, comm: Any, dropped: Sequence[str]) -> NeuralCostModel:
+    """``model`` with ``comm`` for its all-to-all and the step parts ``dropped`` (priced by
+    the links ``stepcost.Collectives`` falls back to)."""
+    meta = dict(model.meta, step_parts={op: c for op, c in (model.meta.get("step_parts") or {}).items() if op not in dropped})
     within = NeuralCostModel(model.compute_net, model.compute_norm, None, meta, model.batch_scale, model.sequence)
-    return within.with_comm(links if comm_far else model.comm)
+    return within.with_comm(comm)

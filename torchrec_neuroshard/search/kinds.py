@@ -86,8 +86,10 @@ def _replication_candidates(
         return []
     world, parts, links = task.num_devices, model.step_parts, collectives.links
     base = sum(data_parallel_ms(parts, [], task.batch_size, world, links).values())
+    fair = sum(single.values()) / world
     gain = {
-        t.name: single[t.name] / world - (sum(data_parallel_ms(parts, [t], task.batch_size, world, links).values()) - base)
+        t.name: single[t.name] / world + max(0.0, single[t.name] - fair)
+        - (sum(data_parallel_ms(parts, [t], task.batch_size, world, links).values()) - base)
         for _, t in open_tables
     }
     return sorted(
