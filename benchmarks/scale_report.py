@@ -28,7 +28,7 @@ PLANNED = RESULTS / "scale_planned.jsonl.gz"
 MEASURED = RESULTS / "scale_measured.jsonl.gz"
 """The judge's rows: each (pass, device, draw) of each plan (``scale.py measure`` appends)."""
 RESULT = RESULTS / "scale.md"
-REFERENCES = ("torchrec_timeout", "torchrec_gpu_topology")
+TORCHREC = "torchrec_timeout"
 
 
 def latest_plans(rows: list[dict], pool_seed: int, devices: int) -> dict[str, dict]:
@@ -70,49 +70,55 @@ def _task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: 
     for name, p in planned.items():
         load = f"{p['load_before']}->{p['load_after']}"
         if p["status"] != "ok":
-            lines.append(f"| {devices} | {name} | - | - | - | - | - | - | - | {p['planning_s']} ({load}) | {p['status'][:120]} |")
+            lines.append(f"| {devices} | {name} | - | - | - | - | - | - | {p['planning_s']} ({load}) | {p['status'][:120]} |")
             continue
         m = judged.get(name)
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
         note = f"{p['note']}; " if p.get("note") else ""
         head = f"| {devices} | {name} | "
         if m is None:
-            lines.append(head + f"not timed | - | - | - | - | - | {max(p['predicted_ms']):.1f} | {p['planning_s']} ({load}) | {note}{kinds} |")
+            lines.append(head + f"not timed | - | - | - | - | {max(p['predicted_ms']):.1f} | {p['planning_s']} ({load}) | {note}{kinds} |")
             continue
         lines.append(
-            head + f"{m.compute_ms:.1f} | {m.imbalance:.2f} | {_interval(m, judged.get(REFERENCES[0]))} "
-            f"| {_interval(m, judged.get(REFERENCES[1]))} | {_interval(m, judged.get(best)) if best else '-'} "
+            head + f"{m.compute_ms:.1f} | {m.imbalance:.2f} | {_interval(m, judged.get(TORCHREC))} "
+            f"| {_interval(m, judged.get(best)) if best else '-'} "
             f"| {won.get(name, 0)} of {units} | {max(p['predicted_ms']):.1f} | {p['planning_s']} ({load}) | {note}{kinds} |"
         )
     return lines
 
 
 def _model_lines(planned: dict, judged: dict) -> list[str]:
-    """Per D, the model's per-device error on NeuroShard's plans and on every plan timed."""
+    """Per D and model, its per-device error on the plans it priced: NeuroShard's own (the
+    plans it made) and every plan (the baselines' are priced by the shipped model)."""
     lines = [
-        "| D | plans | devices | MAPE per device, NeuroShard's plans | all plans | rank correlation within a plan, NeuroShard's (median) | all plans (median) |",
-        "|---|---|---|---|---|---|---|",
+        "| D | model | plans | predicted / measured per device (median), every plan | MAPE per device, its NeuroShard plans "
+        "| every plan it priced | rank correlation within a plan (median), its NeuroShard plans | every plan "
+        "| the measurement against itself (pass 1 vs pass 2), every plan |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for devices in sorted({d for _, d in judged}):
-        errors: dict[bool, list[float]] = {True: [], False: []}
-        ranks: dict[bool, list[float]] = {True: [], False: []}
-        plans = 0
-        for (pool_seed, d), by_planner in judged.items():
-            if d != devices or pool_seed not in HELD_OUT_POOL_SEEDS:
-                continue
-            for name, m in by_planner.items():
-                predicted = np.asarray(planned[pool_seed, d][name]["predicted_ms"])
-                measured = m.per_device
-                ours = name == "neuroshard"
-                for group in {ours, False}:
-                    errors[group] += list(np.abs(predicted / measured - 1))
-                    ranks[group].append(rank_correlation(predicted, measured))
-                plans += 1
-        if plans:
-            lines.append(
-                f"| {devices} | {plans} | {len(errors[False])} | {_pct(errors[True])} | {_pct(errors[False])} "
-                f"| {_median(ranks[True])} | {_median(ranks[False])} |"
-            )
+    levels: dict[tuple[int, str], list[float]] = {}
+    itself: dict[tuple[int, str], list[float]] = {}
+    errors: dict[tuple[int, str, bool], list[float]] = {}
+    ranks: dict[tuple[int, str, bool], list[float]] = {}
+    for (pool_seed, d), by_planner in judged.items():
+        if pool_seed not in HELD_OUT_POOL_SEEDS:
+            continue
+        for name, m in by_planner.items():
+            row = planned[pool_seed, d][name]
+            model, predicted = row.get("model", "shipped cpu.pt"), np.asarray(row["predicted_ms"])
+            levels.setdefault((d, model), []).extend(predicted / m.per_device)
+            halves = np.array_split(m.times, 2)  # [units / 2, devices] each: the two passes (units run pass-major)
+            itself.setdefault((d, model), []).append(rank_correlation(np.median(halves[0], 0), np.median(halves[1], 0)))
+            for ours in {name.startswith("neuroshard"), False}:
+                errors.setdefault((d, model, ours), []).extend(np.abs(predicted / m.per_device - 1))
+                ranks.setdefault((d, model, ours), []).append(rank_correlation(predicted, m.per_device))
+    for d, model in sorted({(d, model) for d, model, _ in errors}):
+        mine, every = (d, model, True), (d, model, False)
+        lines.append(
+            f"| {d} | {model} | {len(ranks[every])} | {statistics.median(levels[d, model]):.3f} "
+            f"| {_pct(errors.get(mine, []))} | {_pct(errors[every])} "
+            f"| {_median(ranks.get(mine, []))} | {_median(ranks[every])} | {_median(itself[d, model])} |"
+        )
     return lines
 
 
@@ -144,9 +150,9 @@ def write_report(machine: str) -> str:
         label = "held out: no training kernel came from it" if pool_seed in HELD_OUT_POOL_SEEDS else "the TRAINING pool: claims are not made on it"
         lines += [
             "", f"## Pool seed {pool_seed} ({label})", "",
-            "| D | planner | compute ms | slowest / mean device | / TorchRec (CPU topology) | / TorchRec (GPU topology) "
-            "| / best heuristic timed | units fastest | predicted ms | planning s (load) | kinds |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| D | planner | compute ms | slowest / mean device | / TorchRec | / best heuristic timed | units fastest "
+            "| predicted ms | planning s (load) | kinds |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]  # fmt: skip
         for t in (t for t in tasks if t[0] == pool_seed):
             lines += _task_lines(*t, planned[t], judged[t])
