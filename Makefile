@@ -50,8 +50,7 @@ data: venv
 	for D in 3 6; do $(BIN)/neuroshard collect comm --world-size $$D --samples 600 --out runs/cpu_comm.jsonl; done
 	$(BIN)/neuroshard collect step --kinds input_dist --samples 80 --out runs/cpu_step.jsonl
 	$(BIN)/neuroshard collect step --kinds all_reduce reduce_scatter all_gather --samples 60 --out runs/cpu_step.jsonl
-	$(BIN)/neuroshard collect step --kinds dp --samples 100 --out runs/cpu_step.jsonl
-	$(BIN)/neuroshard collect step --kinds dp_small --samples 60 --out runs/cpu_step.jsonl
+	$(BIN)/neuroshard collect step --kinds dp dp_small dp_many --world-sizes 2 3 4 6 8 16 32 64 128 --samples 60 --out runs/cpu_step_dp.jsonl
 	$(BIN)/neuroshard collect compute --samples 10000 --out runs/cpu_compute.jsonl
 	$(BIN)/neuroshard collect compute --batch-sizes 256 65536 --seed 9 --samples 3000 --out runs/cpu_compute_batch.jsonl
 	$(BIN)/neuroshard collect compute --batch-sizes 16384 65536 --seed 10 --samples 300 --out runs/cpu_compute_batch_high.jsonl
@@ -61,6 +60,7 @@ data: venv
 	for F in cpu_compute cpu_compute_batch cpu_compute_batch_high cpu_compute_fp16 cpu_compute_sequence cpu_compute_devices; do gzip -9 -c runs/$$F.jsonl > torchrec_neuroshard/lab/data/$$F.jsonl.gz; done
 	gzip -9 -c runs/cpu_comm.jsonl > torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz
 	gzip -9 -c runs/cpu_step.jsonl > torchrec_neuroshard/lab/data/cpu_step.jsonl.gz
+	gzip -9 -c runs/cpu_step_dp.jsonl > torchrec_neuroshard/lab/data/cpu_step_dp.jsonl.gz
 
 # The shipped models (pooled, fp16 and sequence kernels where measured); the older
 # collections did not record the CPU's name or cores.
@@ -69,7 +69,7 @@ model: venv
 		torchrec_neuroshard/lab/data/cpu_compute_batch.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_batch_high.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_compute_fp16.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_sequence.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz torchrec_neuroshard/lab/data/cpu_step.jsonl.gz \
-		--device-name "AMD EPYC" --cores 2 \
+		torchrec_neuroshard/lab/data/cpu_step_dp.jsonl.gz --device-name "AMD EPYC" --cores 2 \
 		--out torchrec_neuroshard/pretrained/cpu.pt
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/intel_xeon_compute.jsonl.gz \
 		torchrec_neuroshard/lab/data/intel_xeon_comm_d2.jsonl.gz --cores 2 \

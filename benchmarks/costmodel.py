@@ -42,7 +42,7 @@ from torchrec_neuroshard.types import TableSpec
 DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 CPU_DATA = (
     "cpu_compute.jsonl.gz", "cpu_compute_batch.jsonl.gz", "cpu_compute_batch_high.jsonl.gz", "cpu_compute_fp16.jsonl.gz",
-    "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz", "cpu_step.jsonl.gz",
+    "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz", "cpu_step.jsonl.gz", "cpu_step_dp.jsonl.gz",
 )  # fmt: skip
 """The shipped CPU model's training data (Makefile ``model``)."""
 

@@ -1,6 +1,6 @@
 """Which table size separates cached from uncached forward lookups of a replicated table?
 
-    python -m studies.dp_cache_knee [--data torchrec_neuroshard/lab/data/cpu_step.jsonl.gz]
+    python -m studies.dp_cache_knee [--data torchrec_neuroshard/lab/data/cpu_step_dp.jsonl.gz]
 
 Fits ``dp_fwd`` (as ``fit_step_parts`` does: non-negative, relative error, train split by
 sample group) with ``lookup_mb_over_cache`` at each candidate knee, and without it, and
@@ -24,7 +24,7 @@ from torchrec_neuroshard.lab.training_data import split_by_group, step_group
 from torchrec_neuroshard.steparts import DP_CACHED_TABLE_MB, LinearPart, dp_features
 
 HERE = Path(__file__).parent
-DATA = HERE.parent / "torchrec_neuroshard" / "lab" / "data" / "cpu_step.jsonl.gz"
+DATA = HERE.parent / "torchrec_neuroshard" / "lab" / "data" / "cpu_step_dp.jsonl.gz"
 KNEES_MB = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---|---|---|",
     ]
     for knee in (None, *KNEES_MB):
-        x = np.asarray(  # [N, 4]
+        x = np.asarray(  # [N, features]
             [
                 dp_features("dp_fwd", r["lookups"], [t["width"] for t in r["tables"]], [t["rows"] for t in r["tables"]],
                             r["local_batch"], r["tables"][0].get("bytes_per_element", 4), knee or 0.0)

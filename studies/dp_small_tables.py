@@ -9,7 +9,7 @@ rank 0's local batch (what the evaluator times). ``--all-reduce`` also measures 
 gradient all-reduce on D gloo ranks beside its predicted ``all_reduce``.
 
 The machine's speed drifts between sessions: ``--drift N`` first re-measures the first N
-stored dp samples of ``cpu_step.jsonl.gz`` (their own draw and bags) and prints now/stored,
+stored dp samples of ``cpu_step_dp.jsonl.gz`` (their own draw and bags) and prints now/stored,
 so ratios predicted/measured can be read against the machine of the data. Writes
 benchmarks/results/dp_small_tables.md.
 """
@@ -38,7 +38,7 @@ from torchrec_neuroshard.stepcost import data_parallel_ms
 from torchrec_neuroshard.types import TableSpec
 
 HERE = Path(__file__).parent
-DATA = HERE.parent / "torchrec_neuroshard" / "lab" / "data" / "cpu_step.jsonl.gz"
+DATA = HERE.parent / "torchrec_neuroshard" / "lab" / "data" / "cpu_step_dp.jsonl.gz"
 TABLES = [  # (rows, dim, pooling factor): tiny tables first, then sizes the dp samples hold
     (100, 16, 1.0),
     (500, 32, 4.0),

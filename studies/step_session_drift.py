@@ -21,7 +21,9 @@ from pathlib import Path
 
 from torchrec_neuroshard.lab.collect import read_rows
 
-STORED = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "cpu_step.jsonl.gz"
+DATA = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+STORED = (DATA / "cpu_step.jsonl.gz", DATA / "cpu_step_dp.jsonl.gz")
+"""The shipped step samples: the collectives and input distributions, the data-parallel kernels."""
 
 
 def sample_ms(row: dict) -> float:
@@ -44,11 +46,11 @@ def drift(now: list[dict], stored: list[dict]) -> dict[tuple[str, int], list[flo
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("now", type=Path, help="a `neuroshard collect step` file measured now")
-    p.add_argument("--stored", type=Path, default=STORED)
+    p.add_argument("--stored", type=Path, nargs="+", default=list(STORED))
     args = p.parse_args(argv)
-    ratios = drift(read_rows(args.now), read_rows(args.stored))
+    ratios = drift(read_rows(args.now), [r for path in args.stored for r in read_rows(path)])
     if not ratios:
-        p.error(f"no sample of {args.now} is one of {args.stored}'s draws: pass a file `neuroshard collect step` wrote on this machine")
+        p.error(f"no sample of {args.now} is one of the draws of {[str(s) for s in args.stored]}: pass a file `neuroshard collect step` wrote on this machine")
     print("| kind | world size | samples | now / stored (median) | range |")
     print("|---|---|---|---|---|")
     for (kind, world), r in sorted(ratios.items()):

@@ -8,7 +8,7 @@ import pytest
 
 from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.collect_step import STEP_KINDS, collect_step
+from torchrec_neuroshard.lab.collect_step import DP_KINDS, STEP_KINDS, collect_step
 from torchrec_neuroshard.lab.pretrain import pretrain
 from torchrec_neuroshard.lab.training_data import load_step_data
 from torchrec_neuroshard.lab.workloads import WorkloadScale
@@ -37,14 +37,14 @@ def test_step_samples_record_raw_quantities_and_resume(step_file: Path) -> None:
     assert all(len(v) == SAMPLES for v in by_kind.values())
     for r in rows:
         assert r["world_size"] == 2 and r["hardware"]["device"] == "cpu"
-        times = [r["fwd_ms"], r["bwd_ms"]] if r["kind"] in ("dp", "dp_small") else r["ms"]
+        times = [r["fwd_ms"], r["bwd_ms"]] if r["kind"] in DP_KINDS else r["ms"]
         assert all(t > 0 for t in times)
     first = by_kind["input_dist"][0]
     # what rank 0 sends rank 1: 2 int64 splits, int32 lengths, int64 indices
     assert first["send_bytes"][0] == 2 * 8 + 4 * first["lengths"][0][1] + 8 * first["values"][0][1]
     assert first["send_bytes"][0] == first["recv_bytes"][1]
     assert all(r["nbytes"] > 0 and r["max_ms"] == max(r["ms"]) for k in STEP_KINDS[1:4] for r in by_kind[k])
-    assert all(r["local_batch"] == 256 and len(r["lookups"]) == len(r["tables"]) for k in ("dp", "dp_small") for r in by_kind[k])
+    assert all(r["local_batch"] == 256 and len(r["lookups"]) == len(r["tables"]) for k in DP_KINDS for r in by_kind[k])
     before = step_file.read_text()
     collect_step(step_file, SAMPLES, world_sizes=(2,), scale=SMALL, progress=False)  # resumes: nothing to add
     assert step_file.read_text() == before
@@ -75,32 +75,37 @@ def test_linear_part_refuses_too_few_or_non_positive_timings() -> None:
     assert LinearPart.fit("all_reduce", x, np.full(8, 2.0)).predict(x[:1])[0] == pytest.approx(2.0)
 
 
-def test_small_dp_samples_hold_small_tables_and_count_toward_both_dp_parts(step_file: Path) -> None:
-    from torchrec_neuroshard.lab.collect_step import DP_SMALL_ROWS, MAX_DP_SMALL_TABLES
+def test_small_and_many_dp_samples_hold_their_tables_and_count_toward_both_dp_parts(step_file: Path) -> None:
+    from torchrec_neuroshard.lab.collect_step import DP_MANY_CAP_BYTES, DP_SMALL_ROWS, MAX_DP_MANY_TABLES, MAX_DP_SMALL_TABLES
 
     rows = read_rows(step_file)
     small = [r for r in rows if r["kind"] == "dp_small"]
     assert all(1 <= len(r["tables"]) <= MAX_DP_SMALL_TABLES for r in small)
     assert all(DP_SMALL_ROWS[0] <= t["rows"] <= DP_SMALL_ROWS[1] for r in small for t in r["tables"])
+    many = [r for r in rows if r["kind"] == "dp_many"]
+    assert all(9 <= len(r["tables"]) <= MAX_DP_MANY_TABLES for r in many)
+    assert all(sum(t["rows"] * t["width"] * 4 for t in r["tables"]) <= DP_MANY_CAP_BYTES for r in many)
     data = load_step_data(rows)
-    dp = sum(r["kind"] == "dp" for r in rows)
-    assert len(data["dp_fwd"]) == len(data["dp_bwd"]) == dp + len(small)
-    assert len(np.unique(data["dp_fwd"].group)) == dp + len(small)  # a small sample is a group of its own
+    dp = sum(r["kind"] in DP_KINDS for r in rows)
+    assert len(data["dp_fwd"]) == len(data["dp_bwd"]) == dp
+    assert len(np.unique(data["dp_fwd"].group)) == dp  # every sample a group of its own, across kinds
 
 
 def test_dp_forward_counts_lookups_into_uncached_tables_apart() -> None:
-    from torchrec_neuroshard.steparts import DP_CACHED_TABLE_MB, MB, dp_features
+    from torchrec_neuroshard.steparts import DP_CACHED_TABLE_MB, DP_UPDATE_KNEE_MB, MB, dp_features
 
     big_rows = int(2 * DP_CACHED_TABLE_MB * MB / (4 * 16)) + 1  # a 16-column table over the knee
-    one, lookup, output, over = dp_features("dp_fwd", [1000.0, 3000.0], [16, 16], [100, big_rows], 64, 4)
+    one, lookup, output, over, k_lookups, k_pressured, mb_pressured = dp_features("dp_fwd", [1000.0, 3000.0], [16, 16], [100, big_rows], 64, 4)
     assert (one, lookup, over) == (1.0, pytest.approx(4000 * 16 * 4 / MB), pytest.approx(3000 * 16 * 4 / MB))
     assert output == pytest.approx(64 * 32 * 4 / MB)
+    pressure = (100 + big_rows) * 16 * 4 / MB / DP_UPDATE_KNEE_MB  # the weights' share of the last-level cache
+    assert (k_lookups, k_pressured, mb_pressured) == (4.0, pytest.approx(4.0 * pressure), pytest.approx(lookup * pressure))
     with pytest.raises(ValueError, match="one of each per table"):
         dp_features("dp_fwd", [1.0], [16, 16], [100, 100], 64, 4)
 
 
 def test_tiny_replicated_tables_are_priced_as_well_as_large_ones_on_the_stored_samples() -> None:
-    """The shipped parts on the data-parallel samples of cpu_step.jsonl.gz (the ones they
+    """The shipped parts on the data-parallel samples of cpu_step_dp.jsonl.gz (the ones they
     were fitted to): kernels of tables of at most 5,000 rows are priced, median, within 2x
     of how kernels of 8 MB or more are (1.00 against 0.84 as shipped). A live re-measure
     compared the two in the same minute, but on 2026-11-27 the tiny kernel ran 3.6x and the
@@ -115,10 +120,10 @@ def test_tiny_replicated_tables_are_priced_as_well_as_large_ones_on_the_stored_s
     from torchrec_neuroshard.types import TableSpec
 
     parts = load_pretrained("cpu").step_parts
-    data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "cpu_step.jsonl.gz"
+    data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "cpu_step_dp.jsonl.gz"
     tiny, large = [], []
     for row in map(json.loads, gzip.open(data, "rt")):
-        if row["kind"] not in ("dp", "dp_small"):
+        if row["kind"] not in DP_KINDS:
             continue
         tables = [TableSpec(t["name"], t["rows"], t["width"], t["pooling_factor"], tuple(t["access_hist"]), t["bytes_per_element"]) for t in row["tables"]]
         priced = data_parallel_ms(parts, tables, row["local_batch"] * row["world_size"], row["world_size"])
@@ -153,8 +158,9 @@ def test_refit_fits_parts_into_a_model_without_them_and_refuses_other_hardware()
 
 
 def test_refit_keeps_the_parts_its_rows_hold_no_samples_of_and_refuses_rows_of_none() -> None:
-    """Refitting the CPU model on its "dp" rows alone refits the data-parallel parts and
-    keeps the others as stored; rows with no step samples are refused."""
+    """Refitting the CPU model on its data-parallel rows (cpu_step_dp.jsonl.gz) refits the
+    data-parallel parts to the shipped ones (`make model` reproduces them) and keeps the
+    others as stored; rows with no step samples are refused."""
     import torch
 
     from torchrec_neuroshard.costmodel import PRETRAINED_DIR
@@ -163,11 +169,10 @@ def test_refit_keeps_the_parts_its_rows_hold_no_samples_of_and_refuses_rows_of_n
     data = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
     checkpoint = torch.load(PRETRAINED_DIR / "cpu.pt", map_location="cpu", weights_only=False)
     stored = checkpoint["meta"]["step_parts"]
-    dp_rows = [r for r in read_rows(data / "cpu_step.jsonl.gz") if r["kind"] == "dp"]
-    new, lines = refit(checkpoint, dp_rows)
+    new, lines = refit(checkpoint, read_rows(data / "cpu_step_dp.jsonl.gz"))
     parts = new["meta"]["step_parts"]
     assert sorted(parts) == sorted(stored)
-    assert all(parts[k] == stored[k] for k in stored if not k.startswith("dp_"))
+    assert all(parts[k] == stored[k] for k in stored)
     assert sorted(new["meta"]["test"]["step_parts"]) == sorted(checkpoint["meta"]["test"]["step_parts"])
     assert lines[-1].startswith("kept as stored") and "input_dist" in lines[-1]
     with pytest.raises(ShardingError, match="no `collect step` samples"):

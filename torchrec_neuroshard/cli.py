@@ -190,7 +190,7 @@ def _add_collect(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--world-size", type=int, default=2, help="comm: ranks to spawn")
     c.add_argument("--world-sizes", type=int, nargs="+", default=[2, 3, 4, 6, 8], help="step: world sizes to measure")
     c.add_argument(
-        "--kinds", nargs="+", choices=["input_dist", "all_reduce", "reduce_scatter", "all_gather", "dp", "dp_small"],
+        "--kinds", nargs="+", choices=["input_dist", "all_reduce", "reduce_scatter", "all_gather", "dp", "dp_small", "dp_many"],
         help="step: kinds of samples (default: all); --samples counts each kind at each world size",
     )  # fmt: skip
     c.add_argument("--trials", type=int, default=8, help="noise: re-measurements per sample")

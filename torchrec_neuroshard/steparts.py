@@ -26,30 +26,37 @@ from torchrec_neuroshard.errors import ShardingError
 
 MB = 1e6
 
+DP_LOOKUP_FEATURES = ("k_lookups", "k_lookups_x_pressure", "lookup_mb_x_pressure")
+"""Both data-parallel parts: thousands of lookups (each index costs, whatever its width),
+and they and the MB they read times the cache pressure, the replicated weights' share of
+``DP_UPDATE_KNEE_MB`` (at most 1): a lookup costs more as the tables together fill the
+last-level cache. Without them one linear part misprices the 9-64 small read-heavy tables a
+planner replicates at D = 8 by half (``python -m studies.dp_regimes``)."""
+
 PART_FEATURES: dict[str, tuple[str, ...]] = {
     "input_dist": ("one", "peers", "send_mb", "recv_mb"),
     "all_reduce": ("one", "peers", "ring_mb"),
     "reduce_scatter": ("one", "peers", "ring_mb"),
     "all_gather": ("one", "peers", "ring_mb"),
-    "dp_fwd": ("one", "lookup_mb", "output_mb", "lookup_mb_over_cache"),
-    "dp_bwd": ("one", "lookup_mb", "output_mb", "table_mb", "table_mb_over_knee"),
+    "dp_fwd": ("one", "lookup_mb", "output_mb", "lookup_mb_over_cache", *DP_LOOKUP_FEATURES),
+    "dp_bwd": ("one", "lookup_mb", "output_mb", "table_mb", "table_mb_over_knee", *DP_LOOKUP_FEATURES),
 }
 """The features of every part, in column order."""
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 
 DP_UPDATE_KNEE_MB = 32.0
-"""Above this many MB of data-parallel weights, the dense gradient and the update cost about
-3x more per MB (measured on the 2-core AMD EPYC, ``cpu_step.jsonl.gz``: ~0.3 ms/MB below,
-~0.9 above; its L3 is 32 MiB, and glibc serves allocations above 32 MB by fresh mmaps, so
-each step's dense gradient page-faults). ``dp_bwd``'s last feature is the MB beyond it."""
+"""Above this many MB of data-parallel weights, the dense gradient and the update cost
+several times more per MB (the 2-core AMD EPYC's data-parallel samples: its L3 is 32 MiB,
+and glibc serves allocations above 32 MB by fresh mmaps, so each step's dense gradient
+page-faults). ``dp_bwd``'s fifth feature is the MB beyond it."""
 
 DP_CACHED_TABLE_MB = 1.0
 """A forward lookup into a table of at most this many MB costs less per MB read than one
 into a larger table (its rows stay in cache: the 2-core AMD EPYC has 512 KiB of L2 a core).
-``dp_fwd``'s last feature is the MB read from larger tables. Chosen on the validation split
-of ``cpu_step.jsonl.gz`` ("dp" and "dp_small" rows) by ``python -m studies.dp_cache_knee``
-(results in studies/results/dp_cache_knee.md)."""
+``dp_fwd``'s fourth feature is the MB read from larger tables. Chosen on the validation split
+of the "dp" and "dp_small" rows then stored (``cpu_step.jsonl.gz`` as of git e76beb9) by
+``python -m studies.dp_cache_knee`` (results in studies/results/dp_cache_knee.md)."""
 
 
 def input_dist_features(world_size: int, send_bytes: float, recv_bytes: float) -> list[float]:
@@ -90,7 +97,8 @@ def dp_features(
     Features: ``lookup_mb`` (the weights the lookups read), ``output_mb``, and forward
     ``lookup_mb_over_cache``, the part of ``lookup_mb`` read from tables larger than
     ``DP_CACHED_TABLE_MB``; backward ``table_mb`` (the dense gradient and the update of the
-    whole weights) and the MB of them beyond ``DP_UPDATE_KNEE_MB``.
+    whole weights) and the MB of them beyond ``DP_UPDATE_KNEE_MB``; both, last,
+    ``DP_LOOKUP_FEATURES``.
     """
     if not len(lookups) == len(dims) == len(rows):
         raise ValueError(f"dp_features: {len(lookups)} lookups, {len(dims)} dims and {len(rows)} rows; one of each per table")
@@ -98,12 +106,15 @@ def dp_features(
     read_mb = [n * d * bytes_per_element / MB for n, d in zip(lookups, dims)]  # [T]
     lookup_mb = sum(read_mb)
     output_mb = local_batch * sum(dims) * 4 / MB
+    weights = sum(table_mb)
+    pressure = min(weights, DP_UPDATE_KNEE_MB) / DP_UPDATE_KNEE_MB
+    k_lookups = sum(lookups) / 1e3
+    lookup_terms = [k_lookups, k_lookups * pressure, lookup_mb * pressure]
     if part == "dp_fwd":
         over_cache = sum(m for m, t in zip(read_mb, table_mb) if t > cached_table_mb)
-        return [1.0, lookup_mb, output_mb, over_cache]
+        return [1.0, lookup_mb, output_mb, over_cache, *lookup_terms]
     if part == "dp_bwd":
-        weights = sum(table_mb)
-        return [1.0, lookup_mb, output_mb, weights, max(0.0, weights - DP_UPDATE_KNEE_MB)]
+        return [1.0, lookup_mb, output_mb, weights, max(0.0, weights - DP_UPDATE_KNEE_MB), *lookup_terms]
     raise ValueError(f"unknown data-parallel part {part!r}; one of 'dp_fwd', 'dp_bwd'")
 
 

@@ -36,10 +36,11 @@ from torchrec_neuroshard.lab.measure_compute import measure_replicated_compute
 from torchrec_neuroshard.lab.workloads import DIMS, PoolTable, WorkloadScale, synthetic_pool
 from torchrec_neuroshard.steparts import COLLECTIVES
 
-STEP_KINDS = ("input_dist", *COLLECTIVES, "dp", "dp_small")
-"""The kinds of rows ``collect step`` writes; "dp" and "dp_small" rows give both dp_fwd and
-dp_bwd ("dp_small" draws tables smaller than the pool holds, ``draw_dp_small``)."""
-DP_KINDS = ("dp", "dp_small")
+STEP_KINDS = ("input_dist", *COLLECTIVES, "dp", "dp_small", "dp_many")
+"""The kinds of rows ``collect step`` writes; "dp", "dp_small" and "dp_many" rows give both
+dp_fwd and dp_bwd ("dp_small" draws tables smaller than the pool holds, ``draw_dp_small``;
+"dp_many" the dozens a planner replicates on a device of a production model, ``draw_dp_many``)."""
+DP_KINDS = ("dp", "dp_small", "dp_many")
 DISTRIBUTED_KINDS = tuple(k for k in STEP_KINDS if k not in DP_KINDS)
 MAX_TABLES_PER_RANK = 12
 """Input distribution: each destination rank holds U{0..12} tables of the group."""
@@ -54,6 +55,12 @@ MAX_DP_SMALL_TABLES = 4
 DP_SMALL_ROWS = (10, 5_000)
 """``draw_dp_small``'s rows, log-uniform: the small tables TorchRec replicates (a few to a
 few thousand rows), which the pool at the CPU scale barely holds (1 table <= 2,000 rows)."""
+MAX_DP_MANY_TABLES = 64
+DP_MANY_MAX_ROWS = 25_000
+DP_MANY_CAP_BYTES = 48 * 2**20
+"""``draw_dp_many``'s tables and weights: what a planner replicates is small (the 12-48
+tables of the data-parallel sets of 856-table plans at D = 8 hold 5-19 MB), and the cap
+spans the update's knee (``steparts.DP_UPDATE_KNEE_MB``)."""
 
 
 def _rng(seed: int, kind: str, world_size: int, index: int) -> np.random.Generator:
@@ -119,6 +126,22 @@ def draw_dp_small(
     widths = rng.choice(DIMS, len(ids))
     tables = [replace(pool[i], name=f"{pool[i].name}_r{r}", rows=r * scale.row_divisor) for i, r in zip(ids, rows)]
     return ComputeSample(tuple(range(len(tables))), tuple(int(w) for w in widths)), tables
+
+
+def draw_dp_many(pool: Sequence[PoolTable], scale: WorkloadScale, world_size: int, seed: int, index: int) -> ComputeSample:
+    """U{9..64} distinct pool tables of at most ``DP_MANY_MAX_ROWS`` rows at ``scale``, each
+    at a width from ``DIMS`` that keeps it within an equal share of ``DP_MANY_CAP_BYTES`` (so
+    the set fits the cap), drawn among those that fit that share at the narrowest width with
+    odds by their pooling factor (a planner replicates the small tables read most)."""
+    rng = _rng(seed, "dp_many", world_size, index)
+    count = int(rng.integers(MAX_DP_TABLES + 1, MAX_DP_MANY_TABLES + 1))
+    share = DP_MANY_CAP_BYTES / count
+    rows = [max(1, t.rows // scale.row_divisor) for t in pool]
+    small = [i for i, r in enumerate(rows) if r <= DP_MANY_MAX_ROWS and r * min(DIMS) * 4 <= share]
+    reads = np.array([pool[i].pooling_factor for i in small])  # a planner replicates the read-heavy
+    ids = rng.choice(small, min(count, len(small)), replace=False, p=reads / reads.sum())
+    widths = [int(rng.choice([w for w in DIMS if rows[i] * w * 4 <= share])) for i in ids]
+    return ComputeSample(tuple(int(i) for i in ids), tuple(widths))
 
 
 def _done(path: Path, kind: str, world_size: int) -> int:
@@ -205,7 +228,7 @@ def collect_step(
 ) -> dict[str, int]:
     """Measure ``num_samples`` samples of every kind in ``kinds`` at every world size (the
     ones already in ``out`` are kept: a re-run resumes). Distributed kinds spawn D ranks
-    (rank 0 writes); "dp" and "dp_small" time rank 0's local batch (B // D) in this
+    (rank 0 writes); the data-parallel kinds time rank 0's local batch (B // D) in this
     process on 1 thread.
     Returns the rows of each kind in ``out`` afterwards."""
     from torchrec_neuroshard.lab.launch import default_device, spawn
@@ -228,8 +251,9 @@ def collect_step(
             with f:
                 start = _done(path, kind, d)
                 for i in tqdm(range(start, num_samples), initial=start, total=num_samples, disable=not progress, desc=f"{kind} D={d}"):
-                    if kind == "dp":
-                        row = _dp_row(draw_dp(pool, scale, d, seed, i), bank, d, device, dp_warmup, dp_repeats)
+                    if kind in ("dp", "dp_many"):
+                        draw = draw_dp if kind == "dp" else draw_dp_many
+                        row = _dp_row(draw(pool, scale, d, seed, i), bank, d, device, dp_warmup, dp_repeats)
                     else:  # small tables: a bank of their own per sample
                         sample, tables = draw_dp_small(pool, scale, d, seed, i)
                         row = _dp_row(sample, PoolLookups(tables, scale), d, device, dp_warmup, dp_repeats)

@@ -2,7 +2,7 @@
 a model that has none); its nets stay bit for bit as they are.
 
     python -m torchrec_neuroshard.lab.refit_steps --model torchrec_neuroshard/pretrained/cpu.pt \
-        --data torchrec_neuroshard/lab/data/cpu_step.jsonl.gz [--out cpu.pt]
+        --data torchrec_neuroshard/lab/data/cpu_step_dp.jsonl.gz [--out cpu.pt]
 
 The parts are fitted as ``pretrain`` fits them (``fit_step_parts`` with the model's seed, no
 world size excluded), so a full ``neuroshard pretrain`` on the same rows stores the same

@@ -19,9 +19,9 @@ from torchrec_neuroshard.lab.collect_step import DP_KINDS
 from torchrec_neuroshard.steparts import COLLECTIVES, collective_features, dp_features, input_dist_features
 from torchrec_neuroshard.types import ShardingError
 
-SMALL_GROUP_OFFSET = 500_000
-"""Added to a "dp_small" sample's index in its split group (``step_group``): a group apart
-from the "dp" sample of the same index."""
+KIND_GROUP_OFFSET = {"dp_small": 500_000, "dp_many": 250_000}
+"""Added to a "dp_small" or "dp_many" sample's index in its split group (``step_group``): a
+group apart from the "dp" sample of the same index."""
 
 @dataclass(frozen=True)
 class ComputeData:
@@ -151,15 +151,15 @@ class PartData:
 
 def step_group(row: dict) -> int:
     """The split group of a ``collect step`` row: world size x 1e6 + sample index, a
-    "dp_small" sample ``SMALL_GROUP_OFFSET`` apart from the "dp" sample of its index."""
-    return row["world_size"] * 1_000_000 + SMALL_GROUP_OFFSET * (row["kind"] == "dp_small") + row["group"]
+    "dp_small" or "dp_many" sample ``KIND_GROUP_OFFSET`` apart from the "dp" sample of its index."""
+    return row["world_size"] * 1_000_000 + KIND_GROUP_OFFSET.get(row["kind"], 0) + row["group"]
 
 
 def load_step_data(rows: Sequence[dict]) -> dict[str, PartData]:
     """The step parts present in ``rows`` (``neuroshard collect step``), features computed
     from each row's raw quantities by ``steparts``' functions; one row per rank for the
-    distributed kinds, one per sample for "dp" and "dp_small" (its forward and backward
-    parts; a "dp_small" sample is a group apart from the "dp" sample of its index)."""
+    distributed kinds, one per sample of the data-parallel kinds (its forward and backward
+    parts, each sample a group of its own)."""
     cols: dict[str, tuple[list, list, list, list]] = {}
 
     def add(part: str, x: list[float], y: float, r: dict) -> None:
