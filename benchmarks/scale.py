@@ -1,6 +1,7 @@
 """856 tables on 8 to 128 devices, MEASURED device by device, on pools the model never saw.
 
     python -m benchmarks.scale plan      # every planner plans every (pool, D): results/scale_planned.jsonl.gz
+    python -m benchmarks.scale keep --planners neuroshard --as neuroshard_LABEL  # before a re-plan: judge both
     python -m benchmarks.scale measure   # the judge times every device here (resumable): results/scale_measured.jsonl.gz
     python -m benchmarks.scale report    # benchmarks/results/scale.md
 
@@ -17,8 +18,8 @@ and the judge does not time; planned with it, NeuroShard traded kernel time for 
 ``EmbeddingShardingPlanner`` as its users run it (per-rank batch, pooling factors as
 constraints, its own ``timeout_seconds``, default proposers) on the task's CPU topology,
 and on a cuda topology of the same memory (``torchrec_gpu_topology``: the plan a GPU user
-gets; it sends tables to UVM kernels, so it is planned, not timed); ``DynamicProgrammingProposer`` (a CPU topology makes it
-divide by zero: its row says so); the five heuristics. Each planning row records the 1-min
+gets; it sends tables to UVM kernels, so it is planned, not timed);
+``DynamicProgrammingProposer`` (a CPU topology makes it divide by zero: its row says so); the five heuristics. Each planning row records the 1-min
 load average before and after it, so a TorchRec plan made on a busy machine shows.
 
 The judge is not our cost model: ``lab.judge`` times each device of every plan here, as
@@ -84,24 +85,47 @@ def _plan_one(name: str, task: Task, model, torchrec_timeout: int) -> tuple[Plan
     return plan_with(name, task, model, torchrec_timeout, device_type="cpu")
 
 
+def planning_model(num_devices: int, pool_seed: int, model_path: str | None = None, measured_comm: bool = False):
+    """(the task as NeuroShardPlanner gets it, the model that plans and prices it)."""
+    task = scale_task(num_devices, pool_seed)
+    topology = torchrec_topology(task, "cpu")
+    task = dataclasses.replace(task, links=Links.of(topology))
+    model = cost_model_for(topology, model_path or "cpu").with_batch_size(task.batch_size)
+    if not measured_comm:  # the emulated devices' collectives run on a cluster's links, not this machine's loopback
+        model = priced_by_links(model, topology)
+    return task, model
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def price_with_shipped(pool_seed: int, num_devices: int, rows: dict[str, dict]) -> None:
+    """Every plan in ``rows`` (a task's last row per planner) whose predictions are not the
+    shipped model's of now (the baselines', an older shipped file's) priced again by it,
+    in place, as ``plan_all`` prices; rows of another ``--model`` file keep their own."""
+    sha = _sha256(PRETRAINED_DIR / "cpu.pt")
+    stale = [n for n, r in rows.items() if r["status"] == "ok" and r.get("model", "shipped cpu.pt") == "shipped cpu.pt" and r.get("model_sha256") != sha]
+    if not stale:
+        return
+    task, model = planning_model(num_devices, pool_seed)
+    for name in stale:
+        _, devices = predicted_breakdown(model, task, Plan.from_dict(rows[name]["plan"]))
+        rows[name] = {**rows[name], "model_sha256": sha, "predicted_ms": [round(d.fwd_compute + d.bwd_compute, 4) for d in devices]}
+
+
 def plan_all(
     num_devices: int, pool_seed: int, torchrec_timeout: int, planners: Sequence[str], model_path: str | None, measured_comm: bool = False
 ) -> None:
     """``planners`` on one task: a row each, with its plan, appended to ``PLANNED`` (the
     report and the judge read the last row of each). ``measured_comm``: NeuroShard prices
     collectives by its model's own (gloo) comm, not the topology's links."""
-    task = scale_task(num_devices, pool_seed)
-    topology = torchrec_topology(task, "cpu")
-    task = dataclasses.replace(task, links=Links.of(topology))  # as NeuroShardPlanner gets it
-    model = cost_model_for(topology, model_path or "cpu").with_batch_size(task.batch_size)
-    if not measured_comm:  # the emulated devices' collectives run on a cluster's links, not this machine's loopback
-        model = priced_by_links(model, topology)
+    task, model = planning_model(num_devices, pool_seed, model_path, measured_comm)
     for name in planners:
         row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, "load_before": round(os.getloadavg()[0], 2)}
         if name.startswith("neuroshard"):
-            path = Path(model_path) if model_path else PRETRAINED_DIR / "cpu.pt"
             row.update(
-                model=str(model_path or "shipped cpu.pt"), model_sha256=hashlib.sha256(path.read_bytes()).hexdigest()[:16],
+                model=str(model_path or "shipped cpu.pt"), model_sha256=_sha256(Path(model_path) if model_path else PRETRAINED_DIR / "cpu.pt"),
                 comm="the model's (gloo)" if measured_comm else "the topology's links",
             )  # fmt: skip
         t0 = time.perf_counter()
@@ -120,6 +144,16 @@ def plan_all(
         row["load_after"] = round(os.getloadavg()[0], 2)
         print(json.dumps({k: v for k, v in row.items() if k not in ("predicted_ms", "plan")}), flush=True)
         append_rows(PLANNED, [row])
+
+
+def keep(num_devices: int, pool_seed: int, planner: str, label: str) -> None:
+    """The last plan of ``planner`` on one task appended again as planner ``label``, its
+    model named by its digest: so a re-plan by a changed model is judged beside the plan it
+    replaces (``plan`` after ``keep``)."""
+    row = latest_plans(read_rows(PLANNED), pool_seed, num_devices)[planner]
+    kept = {**row, "planner": label, "model": f"{row.get('model', 'shipped cpu.pt')} of sha256 {row.get('model_sha256', '?')}"}
+    kept["note"] = "; ".join(filter(None, [row.get("note"), f"{planner}'s plan, kept"]))
+    append_rows(PLANNED, [kept])
 
 
 # ---------------------------------------------------------------- measure
@@ -150,7 +184,7 @@ def _planner_name(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["plan", "measure", "report"])
+    p.add_argument("step", choices=["plan", "keep", "measure", "report"])
     p.add_argument("--devices", type=int, nargs="+", default=list(DEVICES))
     p.add_argument("--pool-seeds", type=int, nargs="+", default=list(POOL_SEEDS))
     p.add_argument(
@@ -159,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         "neuroshard_LABEL is NeuroShard planning with --model, kept beside the shipped model's plans",
     )  # fmt: skip
     p.add_argument("--model", help="plan: NeuroShard's cost model file (default the shipped CPU model)")
+    p.add_argument("--as", dest="label", type=_planner_name, help="keep: the name the last plan of --planners (one) is kept under")
     p.add_argument("--measured-comm", action="store_true", help="plan: NeuroShard prices collectives by its model's comm (gloo here)")
     p.add_argument("--torchrec-timeout", type=int, default=300, help="TorchRec's own timeout_seconds")
     p.add_argument("--passes", type=int, default=JudgeConfig.passes)
@@ -172,12 +207,18 @@ def main(argv: list[str] | None = None) -> None:
                 for d in args.devices:
                     plan_all(d, pool_seed, args.torchrec_timeout, args.planners or PLANNERS, args.model, args.measured_comm)
                 continue
+            if args.step == "keep":
+                if not args.label or len(args.planners or []) != 1:
+                    p.error("keep: name one planner (--planners NAME) and the name to keep its plan as (--as neuroshard_LABEL)")
+                for d in args.devices:
+                    keep(d, pool_seed, args.planners[0], args.label)
+                continue
             config = JudgeConfig(args.passes, args.draws, args.rounds)
             draws = [task_lookups(scale_task(args.devices[0], pool_seed), draw=k) for k in range(config.draws)]
             for d in args.devices:  # the same tables and batch at every D (tests check)
                 measure(d, pool_seed, args.planners or MEASURED_PLANNERS, config, draws)
         if args.step == "report":
-            print(write_report(local_hardware("cpu").describe()))
+            print(write_report(local_hardware("cpu").describe(), price_with_shipped))
 
 
 if __name__ == "__main__":

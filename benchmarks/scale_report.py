@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import statistics
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -122,6 +122,23 @@ def _model_lines(planned: dict, judged: dict) -> list[str]:
     return lines
 
 
+def _variant_lines(judged: dict) -> list[str]:
+    """Per neuroshard_LABEL (another model, a kept plan): NeuroShard's compute over its, on
+    the held-out tasks judged in one set with both."""
+    ratios: dict[str, list[float]] = {}
+    for (pool_seed, _), by_planner in sorted(judged.items()):
+        for name in (n for n in by_planner if n.startswith("neuroshard_") and "neuroshard" in by_planner):
+            if pool_seed in HELD_OUT_POOL_SEEDS:
+                ratios.setdefault(name, []).append(by_planner["neuroshard"].compute_ms / by_planner[name].compute_ms)
+    if not ratios:
+        return []
+    lines = ["", "## NeuroShard against its variants (held-out pools, judged in the same rounds)", "",
+             "| variant | tasks | neuroshard / variant, geomean | range |", "|---|---|---|---|"]  # fmt: skip
+    for name, r in sorted(ratios.items()):
+        lines.append(f"| {name} | {len(r)} | {float(np.exp(np.mean(np.log(r)))):.3f} | {min(r):.3f}-{max(r):.3f} |")
+    return lines
+
+
 def _pct(values: list[float]) -> str:
     return f"{100 * statistics.fmean(values):.1f}%" if values else "-"
 
@@ -130,10 +147,14 @@ def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}" if values else "-"
 
 
-def write_report(machine: str) -> str:
+def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None] | None = None) -> str:
+    """scale.md from the stored rows; ``price(pool_seed, devices, plans)``, if given, may
+    replace a task's plans' predictions in place (``scale.price_with_shipped``)."""
     planned_rows, measured_rows = read_rows(PLANNED), read_rows(MEASURED)
     tasks = sorted({(r["pool_seed"], r["devices"]) for r in planned_rows if "pool_seed" in r}, key=lambda t: (t[0] not in HELD_OUT_POOL_SEEDS, t))
     planned = {t: latest_plans(planned_rows, *t) for t in tasks}
+    for t in tasks if price else []:
+        price(*t, planned[t])
     judged = {t: judged_task(measured_rows, *t) for t in tasks}
     lines = [
         "# 856 tables on 8 to 128 devices, measured device by device",
@@ -144,7 +165,7 @@ def write_report(machine: str) -> str:
         "local batch; rows / 64, global batch 4,096) by `lab.judge`; a plan's compute is its slowest device's median over "
         "units (pass x draw x round); ratios of compute with a 90% paired bootstrap interval over units; 'units fastest': "
         "the units in which the plan's slowest device was the least of all timed plans. Predicted: the slowest device as "
-        "the planning model priced it. Planning s with the machine's 1-min load average before -> after.",
+        "the shipped model prices it now (a neuroshard_LABEL row planned by another model file: as that model priced it). Planning s with the machine's 1-min load average before -> after.",
     ]
     for pool_seed in dict.fromkeys(p for p, _ in tasks):
         label = "held out: no training kernel came from it" if pool_seed in HELD_OUT_POOL_SEEDS else "the TRAINING pool: claims are not made on it"
@@ -156,6 +177,7 @@ def write_report(machine: str) -> str:
         ]  # fmt: skip
         for t in (t for t in tasks if t[0] == pool_seed):
             lines += _task_lines(*t, planned[t], judged[t])
+    lines += _variant_lines(judged)
     lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + _model_lines(planned, judged)
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)

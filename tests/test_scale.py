@@ -75,3 +75,40 @@ def test_the_report_reads_the_last_plans_and_the_last_judged_set_of_complete_pla
     rows = [row("old", "a", 0, 9.0), row("old", "a", 1, 9.0), row("new", "a", 0, 1.0), row("new", "a", 1, 2.0), row("new", "b", 0, 3.0)]
     judged = judged_task(rows, 2, 2)
     assert set(judged) == {"a"} and judged["a"].compute_ms == 2.0  # b's device 1 not yet timed; the old set left
+
+
+@pytest.mark.slow
+def test_the_report_prices_every_plan_by_the_shipped_model_but_another_models_own() -> None:
+    from benchmarks.scale import _sha256, planning_model, price_with_shipped
+    from torchrec_neuroshard.costmodel import PRETRAINED_DIR
+    from torchrec_neuroshard.search import predicted_breakdown
+
+    task, model = planning_model(8, POOL_SEEDS[0])
+    plan = baseline_plan("lookup", task).to_dict()
+    shipped = _sha256(PRETRAINED_DIR / "cpu.pt")
+    rows = {
+        "lookup": {"status": "ok", "plan": plan, "predicted_ms": [0.0] * 8},  # a baseline: priced when it was planned
+        "neuroshard_other": {"status": "ok", "plan": plan, "model": "runs/other.pt", "model_sha256": "x", "predicted_ms": [1.0] * 8},
+        "neuroshard": {"status": "ok", "plan": plan, "model_sha256": shipped, "predicted_ms": [2.0] * 8},
+        "torchrec_dp": {"status": "no plan: ZeroDivisionError"},
+    }
+    before = {n: dict(r) for n, r in rows.items()}
+    price_with_shipped(POOL_SEEDS[0], 8, rows)
+    _, devices = predicted_breakdown(model, task, Plan.from_dict(plan))
+    assert rows["lookup"]["predicted_ms"] == [round(d.fwd_compute + d.bwd_compute, 4) for d in devices]
+    assert rows["lookup"]["model_sha256"] == shipped and min(rows["lookup"]["predicted_ms"]) > 0
+    assert all(rows[n] == before[n] for n in ("neuroshard_other", "neuroshard", "torchrec_dp"))
+
+
+def test_a_kept_plan_is_the_last_plan_under_a_new_name_with_its_model_named(tmp_path, monkeypatch) -> None:
+    import benchmarks.scale as scale
+    from torchrec_neuroshard.lab.collect import append_rows, read_rows
+
+    path = tmp_path / "planned.jsonl.gz"
+    monkeypatch.setattr(scale, "PLANNED", path)
+    old = {"pool_seed": 2, "devices": 8, "planner": "neuroshard", "status": "ok", "plan": {"p": 1}, "model": "shipped cpu.pt", "model_sha256": "abc", "note": "7 states"}
+    append_rows(path, [{**old, "plan": {"p": 0}}, old])
+    scale.keep(8, 2, "neuroshard", "neuroshard_before")
+    kept = latest_plans(read_rows(path), 2, 8)["neuroshard_before"]
+    assert kept["plan"] == {"p": 1} and kept["model"] == "shipped cpu.pt of sha256 abc"
+    assert kept["note"] == "7 states; neuroshard's plan, kept"
