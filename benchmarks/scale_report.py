@@ -36,12 +36,17 @@ def latest_plans(rows: list[dict], pool_seed: int, devices: int) -> dict[str, di
     return {r["planner"]: r for r in rows if r.get("pool_seed") == pool_seed and r["devices"] == devices}
 
 
+def last_judged(rows: list[dict], pool_seed: int, devices: int) -> list[dict]:
+    """The judge's rows of the task's last judged set of plans (those of its last plans)."""
+    mine = [r for r in rows if r["pool_seed"] == pool_seed and r["devices"] == devices]
+    return [r for r in mine if r["plans_sha"] == mine[-1]["plans_sha"]] if mine else []
+
+
 def judged_task(rows: list[dict], pool_seed: int, devices: int) -> dict[str, Judged]:
     """Per planner, its measurement in the task's last judged set of plans (complete ones only)."""
-    mine = [r for r in rows if r["pool_seed"] == pool_seed and r["devices"] == devices]
-    if not mine:
+    last = last_judged(rows, pool_seed, devices)
+    if not last:
         return {}
-    last = [r for r in mine if r["plans_sha"] == mine[-1]["plans_sha"]]
     config = JudgeConfig(*(last[0][k] for k in ("passes", "draws", "rounds", "repeats")))
     out = {}
     for name in dict.fromkeys(r["planner"] for r in last):

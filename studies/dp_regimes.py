@@ -21,13 +21,12 @@ Writes studies/results/dp_regimes.md.
 from __future__ import annotations
 
 import argparse
-import collections
 from pathlib import Path
 
 import numpy as np
 
 from benchmarks.scale import scale_task
-from benchmarks.scale_report import MEASURED, PLANNED, latest_plans
+from benchmarks.scale_report import MEASURED, PLANNED, last_judged, latest_plans
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.collect_step import DP_KINDS
@@ -44,16 +43,10 @@ PARTS = ("dp_fwd", "dp_bwd")
 def judged_sets() -> list[tuple[list, tuple[int, int], float]]:
     """(replicated tables, (global batch, D), the judge's median ms) of each plan that
     replicates in the last judged set of each task (whose plans are the last planned)."""
-    last: dict[tuple[int, int], list[dict]] = collections.defaultdict(list)
-    for r in read_rows(MEASURED):
-        task = last[r["pool_seed"], r["devices"]]
-        if task and task[-1]["plans_sha"] != r["plans_sha"]:
-            task.clear()
-        task.append(r)
-    planned, out = read_rows(PLANNED), []
-    for (pool_seed, devices), rows in sorted(last.items()):
-        task = scale_task(devices, pool_seed)
-        plans = latest_plans(planned, pool_seed, devices)
+    measured, planned, out = read_rows(MEASURED), read_rows(PLANNED), []
+    for pool_seed, devices in sorted({(r["pool_seed"], r["devices"]) for r in measured}):
+        rows = last_judged(measured, pool_seed, devices)
+        task, plans = scale_task(devices, pool_seed), latest_plans(planned, pool_seed, devices)
         for name in dict.fromkeys(r["planner"] for r in rows):
             times = [np.mean(r["replicas_ms"]) for r in rows if r["planner"] == name and r["replicas_ms"]]
             plan = Plan.from_dict(plans[name]["plan"])
@@ -85,13 +78,21 @@ def parts_before(path: Path) -> StepParts:
     return StepParts({part: LinearPart(part, (*stored[part], *[0.0] * len(DP_LOOKUP_FEATURES))) for part in PARTS})
 
 
-def line(label: str, parts: StepParts, rows: list[dict], seed: int, judged: list) -> str:
-    cells = []
+def validation_sets(rows: list[dict], seed: int) -> dict[str, tuple[dict, np.ndarray]]:
+    """Per kind: its parts' validation features {part: [rows, features]} and fwd + bwd ms [rows]."""
+    out = {}
     for kind in DP_KINDS:
         data = load_step_data([r for r in rows if r["kind"] == kind])
         val = split_by_group(data["dp_fwd"].group, seed)[1]
-        predicted = sum(parts.predict(part, data[part].x[val]) for part in PARTS)  # [validation rows]
-        measured = data["dp_fwd"].y[val] + data["dp_bwd"].y[val]
+        out[kind] = ({part: data[part].x[val] for part in PARTS}, data["dp_fwd"].y[val] + data["dp_bwd"].y[val])
+    return out
+
+
+def line(label: str, parts: StepParts, validation: dict[str, tuple[dict, np.ndarray]], judged: list) -> str:
+    cells = []
+    for kind in DP_KINDS:
+        x, measured = validation[kind]
+        predicted = sum(parts.predict(part, x[part]) for part in PARTS)  # [validation rows]
         cells.append(f"{100 * np.mean(np.abs(predicted / measured - 1)):.0f}")
     ratios = [sum(data_parallel_ms(parts, t, *batch)[p] for p in PARTS) / ms for t, batch, ms in judged]
     return f"| {label} | {' | '.join(cells)} | {min(ratios):.2f}-{max(ratios):.2f} |"
@@ -105,21 +106,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=HERE / "results" / "dp_regimes.md")
     args = p.parse_args(argv)
     rows = [r for r in read_rows(args.data) if r.get("kind") in DP_KINDS]
-    judged = judged_sets()
+    judged, validation = judged_sets(), validation_sets(rows, args.seed)
     lines = [
         "# One linear data-parallel part for three regimes", "",
         f"`python -m studies.dp_regimes{' --before ' + str(args.before) if args.before else ''}` (--before: git e76beb9's "
         f"cpu.pt); {len(rows)} rows, {len(judged)} judged sets. Validation MAPE % of fwd + bwd per kind.", "",
         "| parts fitted on | dp | dp_small | dp_many | judged held-out sets, predicted / measured |",
         "|---|---|---|---|---|",
-        line("shipped cpu.pt", load_pretrained("cpu").step_parts, rows, args.seed, judged),
+        line("shipped cpu.pt", load_pretrained("cpu").step_parts, validation, judged),
     ]  # fmt: skip
     if args.before:
-        lines.append(line(f"{args.before.name} (before)", parts_before(args.before), rows, args.seed, judged))
+        lines.append(line(f"{args.before.name} (before)", parts_before(args.before), validation, judged))
     for lookup_features in (False, True):
         for kinds in [(k,) for k in DP_KINDS] + [DP_KINDS]:
             label = f"{' + '.join(kinds)}, {'with' if lookup_features else 'without'} the lookup features"
-            lines.append(line(label, fitted(rows, kinds, args.seed, lookup_features), rows, args.seed, judged))
+            lines.append(line(label, fitted(rows, kinds, args.seed, lookup_features), validation, judged))
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
