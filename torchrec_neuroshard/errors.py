@@ -1,10 +1,22 @@
-"""The package's errors: one type for bad input, and one for a plan that does not fit."""
+"""The package's errors: one type for bad input, and one for a plan that does not fit.
+
+Both are TorchRec ``PlannerError``s (with its ``error_type``), so a caller's ``except
+PlannerError:`` fallback around ``planner.plan`` catches ours as it catches TorchRec's, and
+``ValueError``s, as bad input is in Python."""
+
+from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 
 
-class ShardingError(ValueError):
+class ShardingError(ValueError, PlannerError):
     """A task, a plan or a TorchRec input that cannot be turned into a valid sharding: the
     package's one error type for bad input. Its message says what to change."""
+
+    def __init__(self, message: str, error_type: PlannerErrorType = PlannerErrorType.INPUT_VALIDATION) -> None:
+        PlannerError.__init__(self, message, error_type)
 
 
 class InfeasibleError(ShardingError):
     """No placement satisfies the memory cap."""
+
+    def __init__(self, message: str, error_type: PlannerErrorType = PlannerErrorType.INSUFFICIENT_STORAGE) -> None:
+        super().__init__(message, error_type)

@@ -45,6 +45,7 @@ from torchrec_neuroshard.planner_args import (
     check_plan_loader,
     check_table_constraints,
     check_timeout,
+    check_topology,
     default_topology,
     load_plan,
     lookups_per_sample,
@@ -57,7 +58,7 @@ from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
 from torchrec_neuroshard.stats import format_plan_stats, log_stats, stats_list, table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
-from torchrec_neuroshard.tables import ModuleTable, module_tables
+from torchrec_neuroshard.tables import ModuleTable, module_tables, shardable_modules
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage
 from torchrec_neuroshard.types import Links, Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
 
@@ -150,7 +151,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         access_hists: Mapping[str, tuple[float, ...]] | None = None,
     ) -> None:
         refuse_replaced(enumerator=enumerator, proposer=proposer, partitioner=partitioner, performance_model=performance_model)
-        self.topology = default_topology() if topology is None else topology
+        self.topology = default_topology() if topology is None else check_topology(topology)
         self.batch_size = batch_size
         self.storage_reservation = storage_reservation
         self._reserved_by = reservation_of(storage_reservation)
@@ -178,6 +179,12 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             )
             if loaded is not None:
                 return self._finish(module, sharders, None, loaded, start)
+        if not shardable_modules(module, sharders):
+            logger.warning(
+                "nothing to plan: %s holds no module that one of the %d sharders shards; an empty plan, as "
+                "TorchRec's planner gives", type(module).__name__, len(sharders),
+            )  # fmt: skip
+            return ShardingPlan(plan={})
         tables = module_tables(
             module, self._global_batch(), lookups_per_sample(self.constraints, self._per_rank_batch()),
             self.access_hists, sharders, self.topology.compute_device,

@@ -71,6 +71,15 @@ def default_topology() -> Topology:
     )
 
 
+def check_topology(topology: object) -> Topology:
+    """``topology``: a TorchRec ``Topology`` of at least one rank."""
+    if not isinstance(topology, Topology):
+        raise ShardingError(f"topology={type(topology).__name__}: give a TorchRec Topology, or None for TorchRec's default")
+    if topology.world_size < 1:
+        raise ShardingError(f"Topology(world_size={topology.world_size}): a plan needs at least one rank; give world_size >= 1")
+    return topology
+
+
 def reservation_of(reservation: StorageReservation | float | None) -> StorageReservation:
     """``storage_reservation`` as a TorchRec ``StorageReservation``: None is a fixed 15%."""
     if reservation is None:
