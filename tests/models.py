@@ -212,7 +212,7 @@ def plan_shard_and_compare(rank: int, world_size: int, constraints: dict, use_es
 
 def shard_with_helper(rank: int, world_size: int) -> list[str]:
     """Worker: ``shard_model`` with its default NeuroShardPlanner; one forward/backward."""
-    from torchrec_neuroshard.planner import shard_model
+    from torchrec_neuroshard.dmp import shard_model
 
     dmp = shard_model(two_tower(), batch_size=8)
     kjt = random_kjt_slice(random_kjt(two_tower(), batch=8 * world_size, seed=3), rank, world_size)

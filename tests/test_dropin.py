@@ -1,6 +1,7 @@
 """NeuroShardPlanner in place of EmbeddingShardingPlanner: every argument TorchRec's planner
 takes, and every field of its ParameterConstraints, honoured or refused by name (issue 28)."""
 
+import copy
 import logging
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import ParameterConstraints, Topology
 from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.planner.types import PlanLoader
 
 from tests.models import two_tower
 from torchrec_neuroshard.costmodel import cost_model_for
@@ -225,6 +227,54 @@ def test_a_plan_loader_plan_is_used_as_torchrecs_planner_uses_it() -> None:
     assert empty.search_result_ is not None
     with pytest.raises(ShardingError, match="plan_loader=dict: give a TorchRec PlanLoader"):
         NeuroShardPlanner(topology(), plan_loader={})
+
+
+class StoredPlan(PlanLoader):
+    """A plan saved as its ShardingOptions and planner-context hash (a copy: what a store gives back)."""
+
+    def __init__(self, options: list | None, context_hash: str | None) -> None:
+        self.options, self.context_hash = copy.deepcopy(options), context_hash
+
+    def load(self) -> dict | None:
+        return None if self.options is None else {o.storage_hash(): o for o in self.options}
+
+    def plan_context_hash(self) -> str | None:
+        return self.context_hash
+
+    def get_plan_id(self) -> str:
+        return "stored"
+
+
+def beyond_hbm() -> tuple[Topology, torch.nn.Module]:
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=128, num_embeddings=50_000_000, feature_names=[f"f{i}"]) for i in range(16)]
+    gpus = Topology(world_size=8, compute_device="cuda", hbm_cap=32 * 1024**3, ddr_cap=512 * 1024**3, local_world_size=8)
+    return gpus, EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+
+
+@pytest.mark.parametrize("where", ["in memory", "beyond HBM"])
+def test_our_own_plan_saved_by_a_callback_reloads_through_plan_loader(where: str) -> None:
+    """Our plan's ShardingOptions (kept by a callback, as a user saves a plan) and our
+    planner-context hash, given back by a PlanLoader: the very plan, column splits and cache
+    load factors TorchRec's enumerator never makes included, with no search."""
+    gpus, big = beyond_hbm()
+    topo, make = (topology(), two_tower) if where == "in memory" else (gpus, lambda: big)
+    kept: list = []
+    planner = NeuroShardPlanner(topo, 64, callbacks=[lambda options: kept.extend(options) or options])
+    with pytest.raises(ShardingError, match=r"call plan\(\) first"):
+        planner.hash_planner_context_inputs_str()
+    want = planner.plan(make(), SHARDERS)
+    made = {(o.name, o.num_shards, o.cache_load_factor) for o in kept}
+    if where == "in memory":  # shard counts TorchRec's enumerator does not make (it makes 1, or dim / 32 here)
+        assert any(o.sharding_type == "column_wise" and o.num_shards not in (1, 2) for o in kept), made
+    else:
+        assert any(o.cache_load_factor not in (None, 0.2) for o in kept), made  # TorchRec's default factor is 0.2
+    stored = StoredPlan(kept, planner.hash_planner_context_inputs_str())
+    again = NeuroShardPlanner(topo, 64, plan_loader=stored)
+    assert again.plan(make(), SHARDERS).plan == want.plan and again.search_result_ is None
+    assert sorted(again.plan_.placements, key=str) == sorted(planner.plan_.placements, key=str)  # load factors too
 
 
 def test_every_parameter_constraints_field_is_honoured_or_refused_by_name() -> None:

@@ -37,7 +37,7 @@ _EXPORTS = {
     "BASELINES": "heuristics",
     "baseline_plan": "heuristics",
     "NeuroShardPlanner": "planner",
-    "shard_model": "planner",
+    "shard_model": "dmp",
     "NeuralPerfEstimator": "estimators",
     "NeuralPerfModel": "estimators",
     "AccessCacheStatistics": "estimators",

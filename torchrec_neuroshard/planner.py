@@ -28,6 +28,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
+from torchrec_neuroshard.dmp import broadcast_device
 from torchrec_neuroshard.costmodel import (
     NeuralCostModel,
     check_world_size,
@@ -47,12 +48,12 @@ from torchrec_neuroshard.planner_args import (
     check_timeout,
     check_topology,
     default_topology,
-    load_plan,
     lookups_per_sample,
     portable as _portable,
     refuse_replaced,
     reservation_of,
 )
+from torchrec_neuroshard.plan_loading import load_plan, planner_context
 from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
@@ -113,7 +114,8 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             no deeper and moves no more shards, and the plan is the best found by then,
             logged as such.
         plan_loader: a TorchRec ``PlanLoader``; a plan it loads is used as TorchRec's planner
-            uses it (``planner_args.load_plan``: the context hash checked, no search).
+            uses it (``plan_loading.load_plan``: the context hash checked, no search); our
+            own plans too, saved with ``hash_planner_context_inputs_str()``.
         cost_model: a ``NeuralCostModel``, a path to a model file, or a shipped name;
             default the shipped model for the topology's compute device and this machine
             (``costmodel.cost_model_for``: a hardware mismatch is warned about, a GPU model
@@ -173,6 +175,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         """Plan every module of ``module`` that one of ``sharders`` shards (single process)."""
         start = time.perf_counter()
         self.search_result_ = self.task_ = None
+        self._planned = (module, list(sharders))
         if self.plan_loader is not None:
             loaded = load_plan(
                 self.plan_loader, self.topology, self._per_rank_batch(), self._reserved_by, self.constraints, module, sharders
@@ -224,12 +227,24 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             except Exception as e:  # every rank must leave the broadcast below, then raise it
                 error, box[0] = e, _portable(e)
         src = dist.get_global_rank(pg, 0) if pg is not dist.GroupMember.WORLD else 0
-        dist.broadcast_object_list(box, src=src, group=pg, device=_broadcast_device(pg))
+        dist.broadcast_object_list(box, src=src, group=pg, device=broadcast_device(pg))
         if error is not None:
             raise error
         if isinstance(box[0], Exception):
             raise box[0]
         return box[0]  # type: ignore[return-value]
+
+    def hash_planner_context_inputs_str(self) -> str:
+        """The planner-context hash of the last ``plan``'s inputs, as TorchRec's planner's
+        method of this name gives it (``plan_loading.planner_context``). Store it with the
+        plan's ``ShardingOption``s (e.g. kept by a callback): a ``PlanLoader`` returning both
+        gives that plan back from ``plan`` with no search, column splits and load factors
+        included, and refuses it for other inputs."""
+        if getattr(self, "_planned", None) is None:
+            raise ShardingError("hash_planner_context_inputs_str() hashes the last plan's inputs: call plan() first")
+        module, sharders = self._planned
+        reservation, constraints = self._reserved_by, self.constraints
+        return planner_context(self.topology, self._per_rank_batch(), reservation, constraints, module, sharders)[1]
 
     # ------------------------------------------------------------------ helpers
 
@@ -371,35 +386,3 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         reserved = self._reserved_by.reserve(self.topology, self._per_rank_batch(), module, list(sharders), self.constraints)
         field = "hbm" if self.topology.compute_device == "cuda" else "ddr"
         return int(min(getattr(d.storage, field) for d in reserved.devices))
-
-
-def _broadcast_device(pg: dist.ProcessGroup) -> torch.device:
-    """The device a collective on ``pg`` runs on: this rank's GPU under NCCL, else the CPU."""
-    if dist.get_backend(pg) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def shard_model(
-    model: nn.Module,
-    planner: ShardingPlanner | None = None,
-    sharders: list[ModuleSharder[nn.Module]] | None = None,
-    device: torch.device | None = None,
-    pg: dist.ProcessGroup | None = None,
-    batch_size: int | None = None,
-) -> nn.Module:
-    """Plan with ``planner`` (default: a NeuroShardPlanner for the current group) and wrap
-    ``model`` in ``DistributedModelParallel`` with that plan. Call on every rank."""
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import get_default_sharders
-
-    device = device or _broadcast_device(pg or dist.GroupMember.WORLD)
-    sharders = sharders or get_default_sharders()
-    if planner is None:
-        world = dist.get_world_size(pg)
-        from torchrec.distributed.comm import get_local_size  # the launcher's ranks per host
-
-        topology = Topology(world_size=world, compute_device=device.type, local_world_size=get_local_size(world))
-        planner = NeuroShardPlanner(topology, batch_size=batch_size)
-    plan = planner.collective_plan(model, sharders, pg)
-    return DistributedModelParallel(model, device=device, plan=plan, sharders=sharders)

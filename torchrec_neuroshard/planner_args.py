@@ -3,7 +3,6 @@ checked when the planner is made, honoured, or refused with why and what to do i
 
 from __future__ import annotations
 
-import copy
 import logging
 import pickle
 from typing import Callable, Mapping, Sequence
@@ -133,45 +132,6 @@ def apply_callbacks(callbacks: Sequence[Callback], options: list[ShardingOption]
     return options
 
 
-def load_plan(
-    loader: PlanLoader,
-    topology: Topology,
-    batch_size: int,
-    reservation: StorageReservation,
-    constraints: Mapping[str, ParameterConstraints] | None,
-    module: nn.Module,
-    sharders: Sequence[ModuleSharder[nn.Module]],
-) -> list[ShardingOption] | None:
-    """The plan ``loader`` loads, as ``EmbeddingShardingPlanner.plan`` loads it: the planner
-    context (topology, per-rank ``batch_size``, TorchRec's default enumerator's search space,
-    the storage reservation, constraints) hashed and checked against the loaded plan's
-    (a ``PlannerError`` when they differ), then the loaded shards merged into that search
-    space. None when the loader loads nothing."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.planners import extract_plan
-    from torchrec.distributed.planner.types import PlannerError, PlannerErrorType, hash_planner_context_inputs_str
-
-    cons = dict(constraints) if constraints else None
-    reservation.reserve(topology=topology, batch_size=batch_size, module=module, sharders=list(sharders), constraints=cons)
-    enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=cons)
-    search_space = enumerator.enumerate(module=module, sharders=list(sharders))
-    current = hash_planner_context_inputs_str(topology, batch_size, enumerator, reservation, cons)
-    loaded_hash = loader.plan_context_hash()
-    if loaded_hash is not None and loaded_hash != current:
-        raise PlannerError(
-            error_type=PlannerErrorType.PLANNER_INPUT_CONTEXT_MISMATCH,
-            message=f"plan_loader's plan {_plan_id(loader)!r} was made for another planner context "
-            f"(hash {loaded_hash}, this planner's {current}): topology, batch size, tables, storage "
-            "reservation or constraints differ; plan anew (plan_loader=None) or load a plan made for these",
-        )
-    loaded = loader.load()
-    if loaded is None:
-        return None
-    options = extract_plan(search_space=search_space, loaded_sharding_options=loaded)
-    logger.info("plan loaded by plan_loader (plan id %r): no new plan searched", _plan_id(loader))
-    return copy.deepcopy(options) if options else None
-
-
 def check_modules_planned(plan: ShardingPlan, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> None:
     """TorchRec's own check that no module a sharder shards is missing from ``plan``
     (TorchRec 1.7 on; TorchRec 1.6, the release beside fbgemm-gpu 1.6, has none, nor does
@@ -193,12 +153,6 @@ def portable(error: Exception) -> Exception:
     except Exception:  # noqa: BLE001 - an exception that does not pickle
         pass
     return RuntimeError(f"{type(error).__module__}.{type(error).__qualname__} on rank 0 while planning: {error}")
-
-
-def _plan_id(loader: PlanLoader) -> object:
-    """The loader's plan id, which TorchRec's planner logs (its PlanLoader need not define one)."""
-    get = getattr(loader, "get_plan_id", None)
-    return get() if callable(get) else None
 
 
 CONSTRAINT_FIELDS = {
