@@ -57,7 +57,14 @@ from torchrec_neuroshard.plan_loading import load_plan, planner_context
 from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
-from torchrec_neuroshard.stats import format_plan_stats, log_stats, stats_list, table_perfs, torchrec_sharding_options
+from torchrec_neuroshard.stats import (
+    format_plan_stats,
+    log_stats,
+    replica_overhead_line,
+    stats_list,
+    table_perfs,
+    torchrec_sharding_options,
+)
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import ModuleTable, module_tables, shardable_modules
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage
@@ -308,7 +315,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             memory_kind="HBM" if self.topology.compute_device == "cuda" else "DDR",
         )  # fmt: skip
         searched = f"searched {result.states_evaluated} split states in {result.seconds:.2f} s"
-        for line in (table + "\n" + searched).splitlines():
+        for line in (table + "\n" + replica_overhead_line(self._model, task, self.plan_) + searched).splitlines():
             STATS_LOGGER.log(logging.INFO if self.debug else logging.DEBUG, line)
 
     def _search(

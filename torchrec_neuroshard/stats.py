@@ -152,10 +152,47 @@ def _with_load_factor(option: ShardingOption, p: TablePlacement) -> ShardingOpti
 def table_perfs(model: CostModel, task: Task, plan: Plan) -> dict[str, tuple[DeviceCost, ...]]:
     """Each table's own predicted cost on every device: the table alone in the step, as
     ``predicted_breakdown`` prices a plan (the cost model prices a device's shards as one
-    kernel, so the tables' costs on a device need not add up to the device's)."""
+    kernel, so the tables' costs on a device need not add up to the device's). A replicated
+    table's leaves out the fixed cost every replicated set pays once (``replica_overhead``)."""
     from torchrec_neuroshard.search import predicted_breakdown
 
-    return {p.table: predicted_breakdown(model, task.subset([p.table]), plan.subset({p.table}))[1] for p in plan.placements}
+    fixed = replica_overhead(model, task)
+    perfs = {}
+    for p in plan.placements:
+        own = predicted_breakdown(model, task.subset([p.table]), plan.subset({p.table}))[1]
+        if p.kind is ShardingKind.DATA_PARALLEL:
+            own = tuple(
+                DeviceCost(max(0.0, c.fwd_compute - fixed.fwd_compute), max(0.0, c.bwd_compute - fixed.bwd_compute),
+                           c.fwd_comm, max(0.0, c.bwd_comm - fixed.bwd_comm))
+                for c in own
+            )  # fmt: skip
+        perfs[p.table] = own
+    return perfs
+
+
+def replica_overhead(model: CostModel, task: Task) -> DeviceCost:
+    """The fixed cost on every rank of a module's replicated tables, paid once per step
+    whatever they are (``stepcost.data_parallel_fixed_ms``): forward and backward of the
+    dense kernel, and the gradient all-reduce."""
+    from torchrec_neuroshard.stepcost import data_parallel_fixed_ms
+
+    fixed = data_parallel_fixed_ms(model, task)
+    return DeviceCost(fixed.get("dp_fwd", 0.0), fixed.get("dp_bwd", 0.0), 0.0, fixed.get("all_reduce", 0.0))
+
+
+def replica_overhead_line(model: CostModel, task: Task, plan: Plan) -> str:
+    """A line (newline-ended) for the plan table naming ``replica_overhead`` once, when
+    the plan replicates tables: it is in every rank's perf, and in no table's; "" else."""
+    replicated = {p.table for p in plan.placements if p.kind is ShardingKind.DATA_PARALLEL}
+    modules = sum(1 for m in task.modules or (tuple(t.name for t in task.tables),) if replicated & set(m))
+    if not modules:
+        return ""
+    fixed = replica_overhead(model, task)
+    return (
+        f"replicated tables: {fixed.total:.3f} ms a rank fixed per module with any (dense kernel fwd "
+        f"{fixed.fwd_compute:.3f}, bwd {fixed.bwd_compute:.3f}, all-reduce {fixed.bwd_comm:.3f}), {modules} module(s): "
+        "in the ranks' perf above, in no table's\n"
+    )
 
 
 def stats_list(stats: object) -> list[Stats]:

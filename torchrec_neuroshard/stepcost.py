@@ -195,6 +195,16 @@ def data_parallel_ms(
     }
 
 
+def data_parallel_fixed_ms(model: CostModel, task: Task) -> dict[str, float]:
+    """What replicating any tables at all costs every rank, per module, before a byte of
+    them: the dense kernel's fixed forward and backward and the all-reduce's
+    (``data_parallel_ms`` of no tables). Empty when the model does not price replicas."""
+    collectives = Collectives.of(model, task)
+    if not collectives.replicates():
+        return {}
+    return data_parallel_ms(model.step_parts, [], task.batch_size, task.num_devices, collectives.links)
+
+
 def predict_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | None = None) -> StepPrediction:
     """The predicted per-device cost of ``plan``'s step at the task's global batch, each of
     the task's modules priced as DMP runs it and paid at its slowest device.
