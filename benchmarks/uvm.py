@@ -208,6 +208,11 @@ def report(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def body(rows: list[dict]) -> str:
+    """uvm.md below its header: both planners' plans, the notes, TorchRec given cache statistics."""
+    return report(rows) + "\n\n" + NOTE + "\n" + STATS_NOTE + "\n" + stats_report(rows)
+
+
 VARIANTS = ("torchrec", "torchrec-stats", "torchrec-scaleup", "neuroshard")
 
 
@@ -338,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         "PREDICTION, by TorchRec's analytic estimator or by our neural model with the shipped UVM pricing "
         "(`torchrec_neuroshard/uvmcost.py`); each is the objective one of the planners minimised. Ratios in "
         "parentheses: ours / TorchRec's plan. Planning times on this 2-core machine, one run each.\n\n"
-        + report(rows) + "\n\n" + NOTE + "\n" + STATS_NOTE + "\n" + stats_report(rows) + "\n"
+        + body(rows) + "\n"
     )
     (HERE / "results" / "uvm.md").write_text(text)
     print(text)

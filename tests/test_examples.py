@@ -24,11 +24,42 @@ def test_every_readme_snippet_is_an_example_file() -> None:
         assert any(snippet == text for text in examples.values()), f"README snippet is no example file:\n{snippet[:300]}"
 
 
+def _quickstart_plan() -> str:
+    """The plan NeuroShardPlanner makes here of quickstart.py's model, topology and constraints."""
+    import torch
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_neuroshard import NeuroShardPlanner
+
+    model = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(name="t_user", embedding_dim=64, num_embeddings=10_000, feature_names=["user"]),
+            EmbeddingBagConfig(name="t_item", embedding_dim=32, num_embeddings=5_000, feature_names=["item"]),
+        ],
+        device=torch.device("meta"),
+    )
+    topology = Topology(world_size=2, compute_device="cuda" if torch.cuda.is_available() else "cpu", local_world_size=2)
+    constraints = {"t_user": ParameterConstraints(pooling_factors=[12.0]), "t_item": ParameterConstraints(sharding_types=["table_wise"])}
+    return str(NeuroShardPlanner(topology, batch_size=64, constraints=constraints).plan(model, get_default_sharders()))
+
+
 @pytest.mark.dmp
 def test_quickstart_plans_and_trains_under_dmp_on_two_gloo_ranks() -> None:
+    """Rank 0 prints the plan DMP ran a training step under: the planner's plan of the
+    model, each table's shards covering it on ranks 0-1, t_item whole (its constraint)."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     out = _run(torchrun, "--standalone", "--nproc_per_node", "2", "examples/quickstart.py")
-    assert "t_user" in out and "t_item" in out and "fused" in out
+    assert out.strip() == _quickstart_plan().strip()
+    kinds = dict(re.findall(r"^(t_\w+)\s+\|\s+(\w+)\s+\|\s+fused\s+\|", out, re.M))
+    assert set(kinds) == {"t_user", "t_item"} and kinds["t_item"] == "table_wise", out
+    shards: dict[str, list[tuple[int, int, int]]] = {}  # table -> (rows, columns, rank) per shard
+    for name, rows, cols, rank in re.findall(r"^(t_\w+)\s+\|\s+\[\d+, \d+\]\s+\|\s+\[(\d+), (\d+)\]\s+\|\s+rank:(\d+)/", out, re.M):
+        shards.setdefault(name, []).append((int(rows), int(cols), int(rank)))
+    assert shards["t_item"] in ([(5_000, 32, 0)], [(5_000, 32, 1)]), out
+    assert sum(r * c for r, c, _ in shards["t_user"]) == 10_000 * 64 and {k for *_, k in shards["t_user"]} <= {0, 1}, out
 
 
 @pytest.mark.slow

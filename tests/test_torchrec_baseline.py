@@ -73,10 +73,21 @@ def test_a_torchrec_run_reports_its_plan_kinds_and_memory_and_its_failures_as_re
         run_torchrec(task, "cpu", timeout_seconds=None, proposer="beam")
 
 
-def test_torchrecs_own_timeout_returns_its_best_plan_so_far_and_says_so(planner_calls) -> None:
+def test_torchrecs_own_timeout_returns_its_best_plan_so_far_and_says_so(planner_calls, monkeypatch) -> None:
+    """TorchRec checks its budget before each proposal: on a clock that moves 0.6 s a
+    reading, the second check is past a 1 s budget, so exactly one proposal is made and
+    the run says it timed out; on the real clock the same task makes several, within it."""
+    import itertools
+    import types
+
+    from torchrec.distributed.planner import planners
+
     task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=3)
+    untimed = run_torchrec(task, "cpu", timeout_seconds=600)
+    assert untimed.status == "ok" and untimed.proposals > 1
+    readings = itertools.count()
+    monkeypatch.setattr(planners, "time", types.SimpleNamespace(time=lambda: 0.6 * next(readings)))
     run = run_torchrec(task, "cpu", timeout_seconds=1)
-    assert planner_calls[0]["timeout_seconds"] == 1
-    # TorchRec checks its budget before each proposal: a tiny task may finish inside it
-    assert run.status == "ok" or run.status.startswith("timed out: best of")
-    assert run.plan is not None
+    assert planner_calls[-1]["timeout_seconds"] == 1
+    assert (run.status, run.proposals) == ("timed out: best of 1 proposals", 1)
+    assert run.plan is not None and sum(run.kinds.values()) == len(task.tables)
