@@ -224,9 +224,10 @@ def shard_with_helper(rank: int, world_size: int) -> list[str]:
 
 class MixedModules(nn.Module):
     """Every embedding module kind a TorchRec user brings: an EBC, an EC (sequence), a
-    feature-processed EBC (position weights) and a managed-collision EBC."""
+    feature-processed EBC (position weights; left out when not ``weighted``) and a
+    managed-collision EBC."""
 
-    def __init__(self, device: torch.device = torch.device("cpu")) -> None:
+    def __init__(self, device: torch.device = torch.device("cpu"), weighted: bool = True) -> None:
         from torchrec.modules.embedding_configs import EmbeddingConfig
         from torchrec.modules.embedding_modules import EmbeddingCollection
         from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
@@ -239,9 +240,9 @@ class MixedModules(nn.Module):
         self.ec = EmbeddingCollection(
             tables=[EmbeddingConfig(name="seq", embedding_dim=16, num_embeddings=40, feature_names=["f_seq"])], device=device
         )
-        weighted = [EmbeddingBagConfig(name="pos", embedding_dim=16, num_embeddings=40, feature_names=["f_pos"])]
-        self.fp = FeatureProcessedEmbeddingBagCollection(
-            EmbeddingBagCollection(tables=weighted, is_weighted=True, device=device),
+        bags = [EmbeddingBagConfig(name="pos", embedding_dim=16, num_embeddings=40, feature_names=["f_pos"])]
+        self.fp = None if not weighted else FeatureProcessedEmbeddingBagCollection(
+            EmbeddingBagCollection(tables=bags, is_weighted=True, device=device),
             PositionWeightedModuleCollection({"f_pos": 8}, device=device),
         )
         mc_tables = configs({"mc": 8})
@@ -255,7 +256,7 @@ class MixedModules(nn.Module):
 
     def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         out = {}
-        for kt in (self.ebc(kjt), self.fp(kjt), self.mc(kjt)[0]):
+        for kt in (self.ebc(kjt), *([self.fp(kjt)] if self.fp is not None else []), self.mc(kjt)[0]):
             out.update(kt.to_dict())
         out.update({k: jt.values() for k, jt in self.ec(kjt).items()})
         return out
@@ -279,10 +280,11 @@ def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str, plan_d
 
     from torchrec_neuroshard.planner import NeuroShardPlanner
 
+    weighted = planner_name != "neuroshard" or plan_dict is not None  # NeuroShard refuses weighted bags
     torch.manual_seed(0)
-    reference = MixedModules()
+    reference = MixedModules(weighted=weighted)
     torch.manual_seed(0)
-    model = MixedModules()
+    model = MixedModules(weighted=weighted)
     topology = Topology(world_size=world_size, compute_device="cpu", ddr_cap=64 * 2**20, local_world_size=world_size)
     planner_cls = NeuroShardPlanner if planner_name == "neuroshard" else EmbeddingShardingPlanner
     planner = planner_cls(topology=topology, batch_size=8)
@@ -303,7 +305,7 @@ def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str, plan_d
     local = random_kjt_slice(kjt, rank, world_size)
     # managed collision remaps ids by what it has seen: its unsharded twin sees this rank's samples
     torch.manual_seed(0)
-    want["f_mc"] = torch.cat([torch.zeros(rank * 8, 8), MixedModules()(local)["f_mc"]])
+    want["f_mc"] = torch.cat([torch.zeros(rank * 8, 8), MixedModules(weighted=weighted)(local)["f_mc"]])
     got = dmp(local)
     got = got.wait() if hasattr(got, "wait") else got
     lo, hi = rank * 8, (rank + 1) * 8

@@ -1,6 +1,7 @@
 """A TorchRec caller's error handling works on NeuroShardPlanner unchanged: every planning
 failure is a TorchRec ``PlannerError`` (issue 41), a model with nothing to shard gets
-TorchRec's empty plan, a topology of no ranks a one-line error."""
+TorchRec's empty plan, a topology of no ranks a one-line error, weighted bags a refusal by
+name."""
 
 import logging
 
@@ -46,3 +47,21 @@ def test_a_module_with_nothing_to_shard_gets_torchrecs_empty_plan(caplog) -> Non
 def test_a_topology_of_no_ranks_is_a_one_line_error() -> None:
     with pytest.raises(ShardingError, match=r"^Topology\(world_size=0\): a plan needs at least one rank; give world_size >= 1$"):
         NeuroShardPlanner(Topology(world_size=0, compute_device="cpu"))
+
+
+def test_weighted_bags_are_refused_by_name() -> None:
+    """Per-id weights (an EBC made with is_weighted=True; a feature processor's position
+    weights) are refused, each table named, never priced as unweighted bags."""
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from tests.models import MixedModules
+
+    sharders = [s for s in get_default_sharders() if "ManagedCollision" not in type(s).__name__]
+    with pytest.raises(ShardingError, match=r"^tables 'pos' \(module 'fp'\) take per-id weights .* TorchRec's planner"):
+        NeuroShardPlanner(topology()).plan(MixedModules(torch.device("meta")), sharders)
+    bags = [EmbeddingBagConfig(name=n, embedding_dim=8, num_embeddings=40, feature_names=[f"f_{n}"]) for n in ("u", "v")]
+    weighted = EmbeddingBagCollection(tables=bags, is_weighted=True, device=torch.device("meta"))
+    with pytest.raises(ShardingError, match=r"^tables 'u' \(module ''\), 'v' \(module ''\) take per-id weights"):
+        NeuroShardPlanner(topology()).plan(weighted, SHARDERS)

@@ -51,6 +51,7 @@ from torchrec_neuroshard.planner_args import (
     lookups_per_sample,
     portable as _portable,
     refuse_replaced,
+    refuse_weighted,
     reservation_of,
 )
 from torchrec_neuroshard.plan_loading import load_plan, planner_context
@@ -199,6 +200,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             module, self._global_batch(), lookups_per_sample(self.constraints, self._per_rank_batch()),
             self.access_hists, sharders, self.topology.compute_device,
         )  # fmt: skip
+        refuse_weighted(module, sharders)
         check_table_constraints(tables, self.constraints)
         if not tables:
             logger.warning("nothing to plan: no module of the model has a sharder offering a sharding type here")

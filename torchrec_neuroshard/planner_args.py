@@ -132,6 +132,28 @@ def apply_callbacks(callbacks: Sequence[Callback], options: list[ShardingOption]
     return options
 
 
+def refuse_weighted(module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> None:
+    """A ``ShardingError`` naming every table a sharded module reads with per-id weights (an
+    EmbeddingBagCollection made with ``is_weighted=True``, a feature-processed one's position
+    weights): the shipped cost models were trained on unweighted kernels only, and weights
+    change a kernel's cost by more than the gaps a plan is chosen on (``studies/weighted_bags.py``
+    measures them on the CPU), so they are refused rather than priced as unweighted."""
+    from torchrec_neuroshard.tables import shardable_modules
+
+    weighted = []
+    for path, (owner, _) in shardable_modules(module, sharders).items():
+        inner = getattr(owner, "_embedding_bag_collection", None) or getattr(owner, "_embedding_module", None) or owner
+        is_weighted = getattr(inner, "is_weighted", None)
+        if callable(is_weighted) and is_weighted():
+            weighted += [f"{c.name!r} (module {path!r})" for c in inner.embedding_bag_configs()]
+    if weighted:
+        raise ShardingError(
+            f"tables {', '.join(weighted)} take per-id weights (is_weighted=True, or a feature processor's): "
+            "NeuroShard's cost models were trained on unweighted kernels only and weights change a kernel's "
+            "cost (studies/weighted_bags.py), so it cannot price them: plan this model with TorchRec's planner"
+        )
+
+
 def check_modules_planned(plan: ShardingPlan, module: nn.Module, sharders: Sequence[ModuleSharder[nn.Module]]) -> None:
     """TorchRec's own check that no module a sharder shards is missing from ``plan``
     (TorchRec 1.7 on; TorchRec 1.6, the release beside fbgemm-gpu 1.6, has none, nor does
@@ -180,7 +202,7 @@ CONSTRAINT_FIELDS = {
 
 _REFUSED_WHEN_SET = {
     "is_weighted": "the cost model was trained on unweighted kernels and cannot price per-id weights; "
-    "drop it (the table is then priced unweighted)",
+    "drop it (a table its module weights is refused by name: planner_args.refuse_weighted)",
     "key_value_params": "NeuroShardPlanner plans the fused kernel, not SSD or key-value ones; drop it",
     "use_virtual_table": "a virtual table needs a key-value kernel, which NeuroShardPlanner does not plan; drop it",
 }
