@@ -3,9 +3,10 @@
     torchrun --standalone --nproc_per_node 2 examples/dlrm_torchrun.py \
         --planner neuroshard,torchrec --tables 16 --steps 30
 
-Tables come from the synthetic DLRM-like pool (or a task JSON), all at one width (DLRM
-needs that). Batches follow each table's pooling factor and access distribution. The
-backend is NCCL on GPUs and gloo on CPUs, chosen by the device. With several planners,
+Tables come from a synthetic DLRM-like pool (``--pool``, default one no shipped model
+trained on) or a task JSON, all at one width (DLRM needs that). Batches follow each
+table's pooling factor and access distribution. The backend is NCCL on GPUs and gloo on
+CPUs, chosen by the device. With several planners,
 every model is built and the training steps are interleaved (A B A B ...), so machine
 drift hits all alike; rank 0 prints each plan and the median samples/s per rank.
 """
@@ -40,7 +41,7 @@ from torchrec_neuroshard.planner import NeuroShardPlanner
 from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 from torchrec_neuroshard.types import TableSpec, Task
 from torchrec_neuroshard.lab.torchrec_baseline import topology_for
-from torchrec_neuroshard.lab.workloads import WorkloadScale, lookups_for, memory_cap, synthetic_pool, table_spec
+from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, WorkloadScale, lookups_for, memory_cap, synthetic_pool, table_spec
 
 PLANNERS = ("neuroshard", "torchrec", *BASELINES)
 DENSE_FEATURES = 13
@@ -51,7 +52,7 @@ def build_task(args: argparse.Namespace, world: int) -> Task:
         task = Task.load(args.task)
         tables = tuple(TableSpec(t.name, t.rows, args.dim, t.pooling_factor, t.access_hist) for t in task.tables)
         return Task(tables, world, task.memory_cap_bytes, args.batch_size)
-    pool = synthetic_pool()
+    pool = synthetic_pool(seed=args.pool)
     rng = np.random.default_rng(args.seed)
     scale = WorkloadScale(row_divisor=args.row_divisor, batch_size=args.batch_size)
     chosen = rng.choice(len(pool), args.tables, replace=False)
@@ -131,6 +132,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--planner", default="neuroshard", help=f"comma-separated, from {list(PLANNERS)}")
     p.add_argument("--tables", type=int, default=16, help="tables drawn from the synthetic pool")
+    p.add_argument("--pool", type=int, default=HELD_OUT_POOL_SEEDS[0], help="the pool's seed (default one no shipped model trained on)")
     p.add_argument("--task", help="a task JSON instead (its tables at --dim)")
     p.add_argument("--dim", type=int, default=64, help="embedding width of every table (DLRM needs one)")
     p.add_argument("--batch-size", type=int, default=4096, help="global batch size")
@@ -190,7 +192,7 @@ def print_report(runs: dict[str, tuple], task: Task, args: argparse.Namespace, d
     dist.all_gather_object(gathered, report)
     if dist.get_rank() != 0:
         return
-    print(f"DLRM, {len(task.tables)} tables x dim {args.dim}, global batch {task.batch_size}, "
+    print(f"DLRM, {len(task.tables)} tables x dim {args.dim} (pool {args.pool}), global batch {task.batch_size}, "
           f"{world} ranks ({device.type}, {dist.get_backend()}), {args.steps} timed steps interleaved")
     for name, (_, _, plan, planning_s, _) in runs.items():
         print(f"\n== {name} plan (planned in {planning_s:.2f} s) ==")
