@@ -190,45 +190,6 @@ def test_timeout_seconds_is_a_planning_budget(caplog) -> None:
             NeuroShardPlanner(topology(), timeout_seconds=bad)
 
 
-def test_a_plan_loader_plan_is_used_as_torchrecs_planner_uses_it() -> None:
-    """A plan TorchRec's planner made, stored with its context hash and loaded by a
-    PlanLoader: NeuroShardPlanner with the same context gives TorchRec's very plan, no
-    search; another context is TorchRec's PlannerError; a loader loading nothing: a search."""
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.stats import NoopEmbeddingStats
-    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-    from torchrec.distributed.planner.types import PlanLoader, PlannerError
-
-    class Stored(PlanLoader):
-        def __init__(self, options: list | None, context_hash: str | None) -> None:
-            self.options, self.context_hash = options, context_hash
-
-        def load(self) -> dict | None:
-            return None if self.options is None else {o.storage_hash(): o for o in self.options}
-
-        def plan_context_hash(self) -> str | None:
-            return self.context_hash
-
-        def get_plan_id(self) -> str:
-            return "stored"
-
-    theirs = EmbeddingShardingPlanner(
-        topology(), 64, storage_reservation=FixedPercentageStorageReservation(0.15), stats=NoopEmbeddingStats()
-    )
-    want = theirs.plan(two_tower(), SHARDERS)
-    stored = Stored(theirs._best_plan, theirs.hash_planner_context_inputs_str())
-    ours = NeuroShardPlanner(topology(), 64, storage_reservation=FixedPercentageStorageReservation(0.15), plan_loader=stored)
-    assert str(ours.plan(two_tower(), SHARDERS)) == str(want) and ours.search_result_ is None
-    other = NeuroShardPlanner(topology(), 32, storage_reservation=FixedPercentageStorageReservation(0.15), plan_loader=stored)
-    with pytest.raises(PlannerError, match="plan_loader's plan 'stored' was made for another planner context"):
-        other.plan(two_tower(), SHARDERS)
-    empty = NeuroShardPlanner(topology(), 64, plan_loader=Stored(None, None))
-    empty.plan(two_tower(), SHARDERS)
-    assert empty.search_result_ is not None
-    with pytest.raises(ShardingError, match="plan_loader=dict: give a TorchRec PlanLoader"):
-        NeuroShardPlanner(topology(), plan_loader={})
-
-
 class StoredPlan(PlanLoader):
     """A plan saved as its ShardingOptions and planner-context hash (a copy: what a store gives back)."""
 
@@ -243,6 +204,32 @@ class StoredPlan(PlanLoader):
 
     def get_plan_id(self) -> str:
         return "stored"
+
+
+def test_a_plan_loader_plan_is_used_as_torchrecs_planner_uses_it() -> None:
+    """A plan TorchRec's planner made, stored with its context hash and loaded by a
+    PlanLoader: NeuroShardPlanner with the same context gives TorchRec's very plan, no
+    search; another context is TorchRec's PlannerError; a loader loading nothing: a search."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.stats import NoopEmbeddingStats
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner.types import PlannerError
+
+    theirs = EmbeddingShardingPlanner(
+        topology(), 64, storage_reservation=FixedPercentageStorageReservation(0.15), stats=NoopEmbeddingStats()
+    )
+    want = theirs.plan(two_tower(), SHARDERS)
+    stored = StoredPlan(theirs._best_plan, theirs.hash_planner_context_inputs_str())
+    ours = NeuroShardPlanner(topology(), 64, storage_reservation=FixedPercentageStorageReservation(0.15), plan_loader=stored)
+    assert str(ours.plan(two_tower(), SHARDERS)) == str(want) and ours.search_result_ is None
+    other = NeuroShardPlanner(topology(), 32, storage_reservation=FixedPercentageStorageReservation(0.15), plan_loader=stored)
+    with pytest.raises(PlannerError, match="plan_loader's plan 'stored' was made for another planner context"):
+        other.plan(two_tower(), SHARDERS)
+    empty = NeuroShardPlanner(topology(), 64, plan_loader=StoredPlan(None, None))
+    empty.plan(two_tower(), SHARDERS)
+    assert empty.search_result_ is not None
+    with pytest.raises(ShardingError, match="plan_loader=dict: give a TorchRec PlanLoader"):
+        NeuroShardPlanner(topology(), plan_loader={})
 
 
 def beyond_hbm() -> tuple[Topology, torch.nn.Module]:

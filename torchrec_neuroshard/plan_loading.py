@@ -38,23 +38,16 @@ def planner_context(
     return search_space, hash_planner_context_inputs_str(topology, batch_size, enumerator, reservation, cons)
 
 
-def load_plan(
-    loader: PlanLoader,
-    topology: Topology,
-    batch_size: int,
-    reservation: StorageReservation,
-    constraints: Mapping[str, ParameterConstraints] | None,
-    module: nn.Module,
-    sharders: Sequence[ModuleSharder[nn.Module]],
-) -> list[ShardingOption] | None:
-    """The plan ``loader`` loads, as ``EmbeddingShardingPlanner.plan`` loads it: the planner
-    context hash (``planner_context``) checked against the loaded plan's (a ``PlannerError``
-    when they differ), then the loaded shards merged into the search space (with the variants
-    ``with_loaded_variants`` adds). None when the loader loads nothing."""
+def load_plan(loader: PlanLoader, context: tuple[list[ShardingOption], str]) -> list[ShardingOption] | None:
+    """The plan ``loader`` loads, as ``EmbeddingShardingPlanner.plan`` loads it, in the
+    planner ``context`` (``planner_context``: the search space and the context hash): the
+    hash checked against the loaded plan's (a ``PlannerError`` when they differ), then the
+    loaded shards merged into the search space (with the variants ``with_loaded_variants``
+    adds). None when the loader loads nothing."""
     from torchrec.distributed.planner.planners import extract_plan
     from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 
-    search_space, current = planner_context(topology, batch_size, reservation, constraints, module, sharders)
+    search_space, current = context
     loaded_hash = loader.plan_context_hash()
     if loaded_hash is not None and loaded_hash != current:
         raise PlannerError(

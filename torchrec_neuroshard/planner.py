@@ -185,9 +185,10 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         self.search_result_ = self.task_ = None
         self._planned = (module, list(sharders))
         if self.plan_loader is not None:
-            loaded = load_plan(
-                self.plan_loader, self.topology, self._per_rank_batch(), self._reserved_by, self.constraints, module, sharders
-            )
+            context = planner_context(
+                self.topology, self._per_rank_batch(), self._reserved_by, self.constraints, module, sharders
+            )  # fmt: skip
+            loaded = load_plan(self.plan_loader, context)
             if loaded is not None:
                 return self._finish(module, sharders, None, loaded, start)
         if not shardable_modules(module, sharders):
