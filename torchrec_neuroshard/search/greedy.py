@@ -11,6 +11,7 @@ advances in lockstep, vectorised over runs and devices.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -144,12 +145,15 @@ def greedy_runs(
     scales: Sequence[float],
     caps: Sequence[float] | None = None,
     reserved: np.ndarray | None = None,
-) -> Runs:
+    deadline: float | None = None,
+) -> Runs | None:
     """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
     predicted single-shard cost, each to the feasible device of least predicted compute so
     far (ties to less memory of its own); feasible = memory fits (``caps`` per state, default
     the task's cap, less ``reserved`` [D], default the task's) and the device's dim sum
-    stays within scale x (total width / D).
+    stays within scale x (total width / D). None when ``deadline`` (a
+    ``time.perf_counter()`` reading; None: no limit) passes before every run has ended:
+    the planning budget's refinements give up; the fallback's runs take no deadline.
 
     Runs that placed the same shards on the same devices share one placement until they
     part (a state's scales, states alike up to their first difference): placed once."""
@@ -170,6 +174,8 @@ def greedy_runs(
     ends = set(length.tolist())  # the steps at which some runs have placed all their shards
     a = np.arange(R)  # [A] the active runs: alive, shards left to place
     for k in range(smax + 1):
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
         if k in ends:
             done, a = a[length[a] == k], a[length[a] > k]
             p = placement[done]

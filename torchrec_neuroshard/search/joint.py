@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
-from torchrec_neuroshard.search.config import SearchConfig, SearchContext
+from torchrec_neuroshard.search.config import SearchConfig, SearchContext, past
 from torchrec_neuroshard.search.fixed import fixed_ms, rest_task, with_fixed
 from torchrec_neuroshard.search.greedy import Keys, Widths, greedy_runs, state_keys
 from torchrec_neuroshard.search.kinds import Kinds, choose_kinds
@@ -49,11 +49,15 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
 
 def _kinds(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> Kinds:
     """``choose_kinds``' answer, kept in ``context.memo`` under all it reads but the model:
-    the task, the given placements, the choices and the kind-choice knobs."""
+    the task, the given placements, the choices and the kind-choice knobs; one the planning
+    budget cut short is not kept."""
     config = context.config
     key = ("kinds", task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid)
     if key not in context.memo:
-        context.memo[key] = choose_kinds(task, context.model, config, choice, context.embed, given)
+        kinds = choose_kinds(task, context.model, config, choice, context.embed, given)
+        if past(config.deadline):
+            return kinds
+        context.memo[key] = kinds
     return context.memo[key]
 
 
