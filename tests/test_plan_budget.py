@@ -73,3 +73,16 @@ def test_a_tiny_budget_screens_one_offload_proposal_and_keeps_it(monkeypatch) ->
     assert in_plan == 400 and planner.plan_.offloaded()
     assert searches[0] == 1, f"{searches[0]} searches past the planning budget"
     assert cpu < 0.5 and wall < 5.0, f"plan() of 400 offloaded tables at timeout_seconds={BUDGET}: {cpu:.2f} CPU s, {wall:.2f} s"
+
+
+def test_a_budget_that_does_not_run_out_plans_as_no_budget() -> None:
+    """Under a budget the fallback is made first (the whole tables' greedy run, the
+    heuristics' plans) and read back by the search: a budget never reached gives the very
+    plan of no budget."""
+    model, sharders = small_tables_model(300, seed=3), get_default_sharders()
+    gpus = Topology(world_size=8, compute_device="cuda")
+    free = NeuroShardPlanner(gpus, debug=False)
+    free.plan(model, sharders)
+    budgeted = NeuroShardPlanner(gpus, timeout_seconds=3600.0, debug=False)
+    budgeted.plan(model, sharders)
+    assert budgeted.plan_ == free.plan_ and budgeted.search_result_.states_evaluated == free.search_result_.states_evaluated
