@@ -135,10 +135,11 @@ def test_the_int32_device_scan_is_the_float_one() -> None:
 
 
 @pytest.mark.parametrize("model_name", ["cpu", "h200"])
-def test_the_block_screen_is_the_gathered_one(h200, model_name) -> None:
+def test_the_block_screen_is_the_gathered_one(h200, model_name, monkeypatch) -> None:
     """The screen block by block (``screen``, issue 41) gives every candidate the very
     estimate ``local._estimate`` gives it, in order, so the same shortlist: with room for
-    every swap and with memory tight enough to drop some."""
+    every swap and with memory tight enough to drop some, blocks priced whole and in chunks
+    of rows."""
     from torchrec_neuroshard.search import screen
     from torchrec_neuroshard.search.greedy import Keys
     from torchrec_neuroshard.stepcost import CachedEmbedder
@@ -161,7 +162,9 @@ def test_the_block_screen_is_the_gathered_one(h200, model_name) -> None:
         counts.append(len(cand))
         assert sum(b.size for b in found) == len(cand) > 1024
         gathered = local_search._estimate(model, keys, key_of, dev, now, worst, cheap, cand)
-        np.testing.assert_array_equal(screen._estimates(model, keys, key_of, dev, now, worst, cheap, found), gathered)
+        for chunk in (screen.CHUNK, 7 * len(np.flatnonzero(dev == worst))):  # whole, 7 rows at a time
+            monkeypatch.setattr(screen, "CHUNK", chunk)
+            np.testing.assert_array_equal(screen._estimates(model, keys, key_of, dev, now, worst, cheap, found), gathered)
         want = cand[np.sort(np.argpartition(gathered, 1024)[:1024])]
         np.testing.assert_array_equal(screen.shortlisted(model, keys, key_of, dev, now, worst, cheap, found, 1024), want)
     assert counts[1] < counts[0], "the tight memory drops some swaps"

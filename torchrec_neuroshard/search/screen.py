@@ -97,45 +97,71 @@ def _estimates(model: CostModel, keys: Keys, key_of: np.ndarray, dev: np.ndarray
     moves, i = found[0], row[found[0].out]
     new_worst = worst_after[i] + join_worst[0] * 0.0  # a move has no shard back: local._separable adds row 0 x False
     new_dst = now.base[moves.dst] + joins[i, col[moves.dst]] + leave[0] * 0.0
-    pieces = [_Piece(new_worst[:, 0], new_worst[:, 1], new_dst[:, 0], new_dst[:, 1], width[moves.out], moves.dst)]
+    pieces: list[_Moves | _Swaps] = [_Moves(new_worst, new_dst, width[moves.out], moves.dst)]
     for b in found[1:]:
-        there = b.there[:, None]  # [k, 1]
-        after = (now.base[b.partner] + joins[:, col[b.partner]])[None]  # [1, m, 2]
-        pieces.append(
-            _Piece(
-                worst_after[None, :, 0] + join_worst[there, 0], worst_after[None, :, 1] + join_worst[there, 1],
-                after[..., 0] + leave[there, 0], after[..., 1] + leave[there, 1],
-                width[on_worst][None] - width[there], b.partner, b.ok,
-            )  # fmt: skip
-        )
+        after = now.base[b.partner] + joins[:, col[b.partner]]  # [m, 2]
+        pieces.append(_Swaps(worst_after, after, width[on_worst], join_worst[b.there], leave[b.there], width[b.there], b.partner, b.ok))
     return _priced(model, now, worst, pieces)
 
 
 @dataclass(frozen=True)
-class _Piece:
-    """Candidates of one block: the worst device's and the destination's forward and
-    backward ms after each, the columns it moves off the worst (whole numbers), its
-    destination ([n] each; a block of swaps: [k, m] each, one ``dst``, kept where ``ok``)."""
+class _Moves:
+    """The moves' parts: the worst device's and the destination's (forward, backward) ms
+    after each [n, 2], the columns it moves [n] (whole numbers) and its destination [n]."""
 
-    worst_fwd: np.ndarray
-    worst_bwd: np.ndarray
-    dst_fwd: np.ndarray
-    dst_bwd: np.ndarray
+    worst: np.ndarray
+    dst_ms: np.ndarray
     moved: np.ndarray
-    dst: np.ndarray | int
-    ok: np.ndarray | None = None
+    dst: np.ndarray
 
     def __post_init__(self) -> None:
         if self.moved.dtype.kind != "i":
             raise ValueError("columns moved are whole numbers: give them as integers")
 
+
+@dataclass(frozen=True)
+class _Swaps:
+    """One cheap device's swaps as their factors: of the worst's m shards, the worst's ms
+    after each leaves and the partner's after each joins [m, 2] and their widths [m]; of the
+    partner's k shards, what each changes joining the worst and leaving the partner [k, 2]
+    and their widths [k]; the partner ``dst`` and which pairs memory allows, ``ok`` [k, m].
+    A pair's parts are a row's plus a column's, as ``local._separable`` adds them."""
+
+    worst_after: np.ndarray
+    dst_after: np.ndarray
+    width: np.ndarray
+    joins_worst: np.ndarray
+    leaves_dst: np.ndarray
+    there_width: np.ndarray
+    dst: int
+    ok: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.width.dtype.kind != "i" or self.there_width.dtype.kind != "i":
+            raise ValueError("widths are whole numbers: give them as integers")
+
+    def parts(self, rows: slice) -> tuple[np.ndarray, ...]:
+        """Of the pairs of partner shards ``rows``: worst's forward and backward, the
+        partner's forward and backward, and the columns moved, [r, m] each."""
+        joins, leaves = self.joins_worst[rows], self.leaves_dst[rows]  # [r, 2]
+        return (
+            self.worst_after[None, :, 0] + joins[:, 0, None], self.worst_after[None, :, 1] + joins[:, 1, None],
+            self.dst_after[None, :, 0] + leaves[:, 0, None], self.dst_after[None, :, 1] + leaves[:, 1, None],
+            self.width[None] - self.there_width[rows, None],
+        )  # fmt: skip
+
+    def most_moved(self) -> int:
+        """The most columns any pair moves either way (kept or not)."""
+        if not len(self.width) or not len(self.there_width):
+            return 0
+        return int(max(self.width.max() - self.there_width.min(), self.there_width.max() - self.width.min()))
+
     def distinct_moved(self) -> np.ndarray:
-        """The distinct columns a block of swaps' kept candidates move, sorted. Of a whole block, moved[j, i] = w_i - w_j = moved[0, i] + moved[j, 0] - moved[0, 0]: from its
-        first row's and column's distinct values, not a sort of all k x m."""
+        """The distinct columns the kept pairs move, sorted: of a whole block, the
+        differences of the two sides' distinct widths, not a sort of all k x m."""
         if not self.ok.all():
-            return np.unique(self.moved[self.ok])
-        rows, cols = np.unique(self.moved[0]), np.unique(self.moved[:, 0])
-        return np.unique(rows[None] + cols[:, None] - self.moved[0, 0])
+            return np.unique((self.width[None] - self.there_width[:, None])[self.ok])
+        return np.unique(np.unique(self.width)[None] - np.unique(self.there_width)[:, None])
 
 
 def _kernel_changes(model, keys, key_of, dev, now, worst, cheap, on_worst, found: list[Block]):
@@ -159,29 +185,16 @@ def _kernel_changes(model, keys, key_of, dev, now, worst, cheap, on_worst, found
     return leave, join_worst, joins
 
 
-def _priced(model: CostModel, now, worst: int, pieces: list[_Piece]) -> np.ndarray:
-    """[n] ``local._two_device_cost`` of the pieces' kept candidates, concatenated: the
-    distinct (destination, columns moved) of the kept ones found without a sort of all of
-    them (the same groups in the same order, so the comm model prices the same batch), and
-    each candidate's group's comm read from a table of its destination by columns moved."""
-    from torchrec_neuroshard.search.local import _comm_without_wait
+CHUNK = 32_768
+"""Pairs a block of swaps is priced in at once: its arrays stay in cache (at 10,000 tables a
+block is 1.5 million pairs; whole, its dozen temporaries were memory-bound)."""
 
-    devices = len(now.dims)
-    span = 2 * max(int(np.abs(p.moved).max(initial=0)) for p in pieces) + 1  # any span over all moved orders groups alike
-    present = np.zeros(devices * span, dtype=bool)  # [D * span] (destination, columns moved + span // 2) kept
-    for p in pieces:  # the moves: each its own destination; a block of swaps: one
-        present[(p.dst * span + p.moved if p.ok is None else p.dst * span + p.distinct_moved()) + span // 2] = True
-    groups = np.flatnonzero(present)  # [G] sorted, as np.unique gives them
-    rank = np.cumsum(present) - 1  # [D * span] each code's group
-    g_dst, g_moved, rows = groups // span, groups % span - span // 2, np.arange(len(groups))
-    dims = np.repeat(now.dims[None], len(rows), 0)  # [G, D]
-    dims[:, worst] -= g_moved
-    dims[rows, g_dst] += g_moved
-    comm = _comm_without_wait(model, dims, now.base[:, 0]).sum(2)  # [G, D]
-    late = now.base[None, :, 1] + comm  # [G, D] backward + comm
-    late[:, worst] = -np.inf
-    late[rows, g_dst] = -np.inf
-    latest = late.max(1)  # [G]
+
+def _priced(model: CostModel, now, worst: int, pieces: list) -> np.ndarray:
+    """[n] ``local._two_device_cost`` of the pieces' kept candidates, concatenated: the comm
+    of the same groups (``_comm_groups``), each candidate's read from a table of its
+    destination by columns moved, the swaps priced ``CHUNK`` pairs at a time."""
+    groups, span = _comm_groups(model, now, worst, pieces)
     fwd = now.base[:, 0].copy()  # [D]
     fwd[worst] = -np.inf
     order = np.argsort(fwd)[::-1]  # the latest forward first
@@ -189,14 +202,61 @@ def _priced(model: CostModel, now, worst: int, pieces: list[_Piece]) -> np.ndarr
     out = []
     for p in pieces:
         others = np.where(p.dst == order[0], second, fwd[order[0]])
-        if p.ok is None:  # the moves: one destination each
-            group = rank[p.dst * span + p.moved + span // 2]  # [n]
-            worst_comm, dst_comm, late_group = comm[group, worst], comm[group, p.dst], latest[group]
-        else:  # one destination: its groups by columns moved
-            group = rank[p.dst * span : (p.dst + 1) * span]  # [span]
-            at = p.moved + span // 2  # [k, m]
-            worst_comm, dst_comm, late_group = comm[group, worst][at], comm[group, p.dst][at], latest[group][at]
-        back = np.maximum(np.maximum(p.worst_bwd + worst_comm, p.dst_bwd + dst_comm), late_group)
-        estimate = np.maximum(np.maximum(p.worst_fwd, p.dst_fwd), others) + back
-        out.append(estimate if p.ok is None or p.ok.all() else estimate[p.ok])
+        if isinstance(p, _Moves):  # one destination each
+            group = groups.rank[p.dst * span + p.moved + span // 2]  # [n]
+            tables = (groups.comm[group, worst], groups.comm[group, p.dst], groups.latest[group])
+            out.append(_estimate(p.worst[:, 0], p.worst[:, 1], p.dst_ms[:, 0], p.dst_ms[:, 1], others, *tables))
+            continue
+        group = groups.rank[p.dst * span : (p.dst + 1) * span]  # [span] by columns moved + span // 2
+        by_moved = (groups.comm[group, worst], groups.comm[group, p.dst], groups.latest[group])  # [span] each
+        step = max(1, CHUNK // max(1, len(p.width)))
+        for start in range(0, len(p.there_width), step):
+            rows = slice(start, start + step)
+            worst_fwd, worst_bwd, dst_fwd, dst_bwd, moved = p.parts(rows)  # [r, m] each
+            at = moved + span // 2
+            estimate = _estimate(worst_fwd, worst_bwd, dst_fwd, dst_bwd, others, *(t[at] for t in by_moved))
+            ok = p.ok[rows]
+            out.append(estimate.reshape(-1) if ok.all() else estimate[ok])
     return np.concatenate([e.reshape(-1) for e in out])
+
+
+def _estimate(worst_fwd, worst_bwd, dst_fwd, dst_bwd, others, worst_comm, dst_comm, latest) -> np.ndarray:
+    """``local._two_device_cost``'s last line: the latest forward plus the latest backward
+    with comm, of the two devices and the others (all arrays alike in shape)."""
+    back = np.maximum(np.maximum(worst_bwd + worst_comm, dst_bwd + dst_comm), latest)
+    return np.maximum(np.maximum(worst_fwd, dst_fwd), others) + back
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The distinct (destination, columns moved) of a round's kept candidates: each
+    code's group ``rank`` [D * span], each group's comm on every device [G, D] and the
+    latest backward + comm of the devices it leaves alone [G]."""
+
+    rank: np.ndarray
+    comm: np.ndarray
+    latest: np.ndarray
+
+
+def _comm_groups(model: CostModel, now, worst: int, pieces: list) -> tuple[_Groups, int]:
+    """``local._two_device_cost``'s groups and their comm: found without a sort of all the
+    candidates (the same groups in the same order, so the comm model prices the same
+    batch), and the span of their codes (any span over all the columns moved orders the
+    groups alike)."""
+    from torchrec_neuroshard.search.local import _comm_without_wait
+
+    most = [int(np.abs(p.moved).max(initial=0)) if isinstance(p, _Moves) else p.most_moved() for p in pieces]
+    span = 2 * max(most) + 1
+    present = np.zeros(len(now.dims) * span, dtype=bool)  # [D * span] (destination, columns moved + span // 2) kept
+    for p in pieces:  # the moves: each its own destination; a block of swaps: one
+        present[(p.dst * span + (p.moved if isinstance(p, _Moves) else p.distinct_moved())) + span // 2] = True
+    codes = np.flatnonzero(present)  # [G] sorted, as np.unique gives them
+    g_dst, g_moved, rows = codes // span, codes % span - span // 2, np.arange(len(codes))
+    dims = np.repeat(now.dims[None], len(rows), 0)  # [G, D]
+    dims[:, worst] -= g_moved
+    dims[rows, g_dst] += g_moved
+    comm = _comm_without_wait(model, dims, now.base[:, 0]).sum(2)  # [G, D]
+    late = now.base[None, :, 1] + comm  # [G, D] backward + comm
+    late[:, worst] = -np.inf
+    late[rows, g_dst] = -np.inf
+    return _Groups(np.cumsum(present) - 1, comm, late.max(1)), span
