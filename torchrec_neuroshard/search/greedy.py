@@ -11,85 +11,16 @@ advances in lockstep, vectorised over runs and devices.
 
 from __future__ import annotations
 
-import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.stepcost import Embedder
-from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingKind, TablePlacement, Task
+from torchrec_neuroshard.search.keys import Keys, Widths, state_keys
+from torchrec_neuroshard.types import CostModel, Plan, TablePlacement, Task
 
-Widths = tuple[tuple[int, ...], ...]
-"""A split state: the shard widths of each table, in task table order; () for a table the
-state leaves out (replicated or split by rows)."""
-
-
-def state_keys(state: Widths) -> list[tuple[int, int]]:
-    """The (table index, width) key of every shard of ``state``."""
-    return [(t, w) for t, ws in enumerate(state) for w in ws]
-
-
-@dataclass
-class Keys:
-    """The distinct (table, width) shards met during one search call, with their
-    embeddings, single-shard costs and sizes; grows as splits create new widths."""
-
-    task: Task
-    model: CostModel
-    embed: Embedder
-    index: dict[tuple[int, int], int] = field(default_factory=dict)
-    emb: np.ndarray | None = None
-    single: np.ndarray | None = None
-    width: np.ndarray | None = None
-    size: np.ndarray | None = None
-    table: tuple[int, np.ndarray, np.ndarray] | None = None
-    """(keys held when built, [T, W] id of each table's width or -1, [W] the widths known)."""
-
-    def ids(self, state: Widths) -> np.ndarray:
-        """[S] the id of every shard of ``state``, in ``state_keys`` order, read from a
-        table of (table, width) rather than looked up one key at a time (the greedy's
-        shard orders: 3,000 lookups a state); a KeyError for a shard not held."""
-        counts = np.fromiter(map(len, state), dtype=np.int64, count=len(state))  # [T]
-        widths = np.fromiter(itertools.chain.from_iterable(state), dtype=np.int64, count=int(counts.sum()))  # [S]
-        tables = np.repeat(np.arange(len(state)), counts)  # [S]
-        if self.table is None or self.table[0] != len(self.index):
-            held = np.asarray(list(self.index), dtype=np.int64).reshape(-1, 2)  # [K] (table, width) by id
-            known = np.unique(held[:, 1])  # [W]
-            lut = np.full((len(self.task.tables), len(known)), -1, dtype=np.int64)  # [T, W]
-            lut[held[:, 0], np.searchsorted(known, held[:, 1])] = np.arange(len(held))
-            self.table = (len(self.index), lut, known)
-        _, lut, known = self.table
-        col = np.minimum(np.searchsorted(known, widths), max(len(known) - 1, 0))  # [S]
-        ids = lut[tables, col] if len(known) else np.full(len(widths), -1)
-        missing = (ids < 0) | (known[col] != widths if len(known) else True)
-        if missing.any():
-            s = int(np.flatnonzero(missing)[0])
-            raise KeyError((int(tables[s]), int(widths[s])))
-        return ids
-
-    def ensure(self, keys: Sequence[tuple[int, int]]) -> None:
-        """Add the (table index, width) ``keys`` not held yet."""
-        new = [k for k in dict.fromkeys(keys) if k not in self.index]
-        if not new:
-            return
-        shards = [Shard(self.task.tables[t], w) for t, w in new]
-        kind = ShardingKind.COLUMN_WISE  # table-wise shards take the same memory
-        emb = self.embed(shards).astype(np.float32)
-        single = np.asarray(self.model.compute_cost([[s] for s in shards], self.embed)).sum(1)  # refuses inf / NaN
-        for k in new:
-            self.index[k] = len(self.index)
-        self.emb = _extended(self.emb, emb)
-        self.single = _extended(self.single, single)
-        self.width = _extended(self.width, np.asarray([w for _, w in new], dtype=np.float64))
-        memory = [s.memory_bytes(kind, self.task.batch_size, self.task.num_devices) for s in shards]
-        self.size = _extended(self.size, np.asarray(memory, dtype=np.float64))
-
-
-def _extended(rows: np.ndarray | None, more: np.ndarray) -> np.ndarray:
-    """``rows`` with ``more`` after them along the first axis (``more`` alone if None)."""
-    return more if rows is None else np.concatenate([rows, more])
+__all__ = ["Keys", "Placements", "Runs", "Widths", "greedy_runs", "plan_from_shards", "plan_of", "state_keys"]
 
 
 @dataclass(frozen=True)
@@ -176,9 +107,8 @@ def greedy_runs(
     predicted single-shard cost, each to the feasible device of least predicted compute so
     far (ties to less memory of its own); feasible = memory fits (``caps`` per state, default
     the task's cap, less ``reserved`` [D], default the task's) and the device's dim sum
-    stays within scale x (total width / D). None when ``deadline`` (a
-    ``time.perf_counter()`` reading; None: no limit) passes before every run has ended:
-    the planning budget's refinements give up; the fallback's runs take no deadline.
+    stays within scale x (total width / D). None if ``deadline`` (a ``time.perf_counter()``
+    reading, the planning budget's) passes before every run has ended.
 
     Runs that placed the same shards on the same devices share one placement until they
     part (a state's scales, states alike up to their first difference): placed once."""
@@ -221,11 +151,16 @@ def greedy_runs(
             p, kk, device = _one_run_per_placement(n_held, placement[a], kk, device)
             shared = len(p) < len(a)
         held.place(model, p * D + device, keys.emb[kk], keys.width[kk], keys.size[kk])
-    alive = died_at < 0
-    total = np.full(R, np.inf)
+    return Runs(_totals(model, died_at < 0, end_fwd, end_bwd, end_dims), assign.T, order.T, died_at, free_at_death)
+
+
+def _totals(model: CostModel, alive: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> np.ndarray:
+    """[R] the embedding cost of each run that placed every shard (``alive`` [R]; the
+    devices' forward and backward ms and dims at its end [R, D]), inf for the others."""
+    total = np.full(len(alive), np.inf)
     if alive.any():
-        _, total[alive] = model.embedding_cost(end_fwd[alive], end_bwd[alive], end_dims[alive])
-    return Runs(total, assign.T, order.T, died_at, free_at_death)
+        _, total[alive] = model.embedding_cost(fwd[alive], bwd[alive], dims[alive])
+    return total
 
 
 def _one_run_per_placement(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchrec_neuroshard.search.greedy import Keys
+from torchrec_neuroshard.search.keys import Keys
 from torchrec_neuroshard.types import CostModel
 
 
