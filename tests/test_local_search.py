@@ -132,3 +132,39 @@ def test_the_int32_device_scan_is_the_float_one() -> None:
     assert (want[0] < 0).any() and (want[0] >= 0).any()
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1][want[0] >= 0], want[1][want[0] >= 0])
+
+
+@pytest.mark.parametrize("model_name", ["cpu", "h200"])
+def test_the_block_screen_is_the_gathered_one(h200, model_name, monkeypatch) -> None:
+    """The screen block by block (``screen``, issue 41) gives every candidate the very
+    estimate ``local._estimate`` gives it, in order, so the same shortlist: with room for
+    every swap and with memory tight enough to drop some, blocks priced whole and in chunks
+    of rows."""
+    from torchrec_neuroshard.search import screen
+    from torchrec_neuroshard.search.greedy import Keys
+    from torchrec_neuroshard.stepcost import CachedEmbedder
+
+    model = h200 if model_name == "h200" else load_pretrained("cpu")
+    task = generate_task(synthetic_pool(), 400, 8, WorkloadScale(), seed=5)
+    model = model.with_batch_size(task.batch_size).for_tables(task.tables)
+    keys = Keys(task, model, CachedEmbedder(model))
+    keys.ensure([(t, table.dim) for t, table in enumerate(task.tables)])
+    key_of = np.arange(len(task.tables))
+    dev = np.random.default_rng(5).integers(0, 8, len(task.tables))
+    now = local_search._Devices.of(model, keys, key_of, dev, np.zeros((8, 2)))
+    worst = int(now.per_dev.argmax())
+    cheap = np.asarray([d for d in np.argsort(now.per_dev) if d != worst][:8], dtype=np.int64)
+    size = keys.size[key_of]
+    counts = []
+    for cap in (task.memory_cap_bytes * 1e3, float(now.mem.max() + 0.5 * np.median(size))):
+        cand = local_search._candidates(dev, size, now.mem, worst, cheap, cap)
+        found = screen.blocks(dev, size, now.mem, worst, cheap, cap)
+        counts.append(len(cand))
+        assert sum(b.size for b in found) == len(cand) > 1024
+        gathered = local_search._estimate(model, keys, key_of, dev, now, worst, cheap, cand)
+        for chunk in (screen.CHUNK, 7 * len(np.flatnonzero(dev == worst))):  # whole, 7 rows at a time
+            monkeypatch.setattr(screen, "CHUNK", chunk)
+            np.testing.assert_array_equal(screen._estimates(model, keys, key_of, dev, now, worst, cheap, found), gathered)
+        want = cand[np.sort(np.argpartition(gathered, 1024)[:1024])]
+        np.testing.assert_array_equal(screen.shortlisted(model, keys, key_of, dev, now, worst, cheap, found, 1024), want)
+    assert counts[1] < counts[0], "the tight memory drops some swaps"

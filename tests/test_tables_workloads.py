@@ -73,6 +73,20 @@ def test_expected_histogram_of_uniform_draws() -> None:
     assert expected_access_histogram(10**6, 1000, alpha=0.0)[0] > 0.99
 
 
+def test_uniform_histograms_at_once_match_the_bucket_sum() -> None:
+    """The default histogram of a table known from its config, computed for many tables at
+    once from one Poisson per table (issue 41), agrees with the power-law model's sum over
+    its rank buckets at alpha 0 to rounding, reads and no reads alike."""
+    from torchrec_neuroshard.access import uniform_access_histogram, uniform_access_histograms
+
+    shapes = [(1, 4096.0), (64, 500.0 * 4096), (1000, 0.0), (1000, 3.5), (123_457, 4096.0), (10**6, 1e9), (2 * 10**6, 16.0)]
+    at_once = uniform_access_histograms(shapes)
+    for (rows, lookups), hist in zip(shapes, at_once):
+        summed = expected_access_histogram(rows, lookups, alpha=0.0)
+        assert np.abs(np.asarray(hist) - summed).max() < 1e-12, (rows, lookups)
+        assert hist == uniform_access_histogram(rows, lookups) and math.isclose(sum(hist), 1.0)
+
+
 def test_tables_from_module_finds_nested_ebcs_and_pooling() -> None:
     specs = tables_from_module(two_tower(), batch_size=16, pooling_factors={"a0": 3.5})
     assert [s.name for s in specs] == ["a0", "a1", "b0", "b1"]

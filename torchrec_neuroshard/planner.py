@@ -118,9 +118,11 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         callbacks: functions called as TorchRec calls them, ``options = callback(options)``
             on the plan as TorchRec ``ShardingOption``s, before the ``ShardingPlan`` is built
             from what the last one returns.
-        timeout_seconds: a planning budget (positive seconds): past it the search splits
-            no deeper and moves no more shards, and the plan is the best found by then,
-            logged as such.
+        timeout_seconds: a budget (positive seconds) for the whole ``plan()`` call: past it
+            no stage refines further (no more offload proposals screened, kinds chosen,
+            splits searched or shards moved: ``SearchConfig.deadline``), and the plan is
+            the best found by then, logged as such; the greedy placement of whole tables and
+            the heuristics' plans are always made, so there is always a complete plan.
         plan_loader: a TorchRec ``PlanLoader``; a plan it loads is used as TorchRec's planner
             uses it (``plan_loading.load_plan``: the context hash checked, no search); our
             own plans too, saved with ``hash_planner_context_inputs_str()``.
@@ -310,8 +312,9 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             logger.warning("%s", warning)
         if self._overran is not None:
             logger.warning(
-                "planning budget timeout_seconds=%g ran out (%.2f s): the search split no deeper and moved "
-                "no more shards, and the plan is the best it had found by then", self.timeout_seconds, self._overran,
+                "planning budget timeout_seconds=%g ran out (%.2f s): the stages past it refined no further (no more "
+                "offload proposals, kinds, splits or moves), and the plan is the best it had found by then",
+                self.timeout_seconds, self._overran,
             )  # fmt: skip
         table = format_plan_stats(
             self.plan_, [t.spec for t in tables], result.devices, cap, self._global_batch(), dict(decided.reasons),
@@ -359,8 +362,6 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         if self.timeout_seconds is not None:
             config = replace(config, deadline=start + self.timeout_seconds)
         result = search(task, self._model, config, choices, decided.decided, memo)
-        took = time.perf_counter() - start
-        self._overran = took if self.timeout_seconds is not None and took >= self.timeout_seconds else None
         allowed = {t.spec.name: t.allowed for t in decided.searched}
         placements = tuple(
             replace(p, kind=ShardingKind.TABLE_COLUMN_WISE)

@@ -2,17 +2,21 @@
 memory through the UVM kernels. The offload stage (``offload``) proposes which tables go
 to host memory; each proposal is triaged and searched in the HBM it leaves by a quick
 search (``QUICK_SEARCH``), and of the first feasible ones (``KEPT_ATTEMPTS``) the one the
-model predicts cheapest is searched in full and kept. A model that fits HBM is planned
+model predicts cheapest is searched in full and kept. Past the planning budget
+(``timeout_seconds``, from the start of ``plan()``) no more proposals are screened once one
+has a plan, and the cheapest screened is kept as its screen planned it. A model that fits HBM is planned
 exactly as without this stage: its first proposal sends no table to host memory, and is
 searched in full at once."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Sequence
 
 from torchrec_neuroshard.offload import Offload, attempts
+from torchrec_neuroshard.search.config import past
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.tables import ModuleTable
 from torchrec_neuroshard.triage import Triage, triage
@@ -36,6 +40,7 @@ class MemoryPlanning:
         """``plan_``, ``search_result_`` and ``task_`` of ``tables`` in ``cap`` bytes of
         HBM per rank (and the topology's host memory on a GPU), or the last error."""
         host_cap, topo, batch = self._host_memory_cap(), self.topology, self._global_batch()
+        deadline = None if self.timeout_seconds is None else start + self.timeout_seconds
         error, most, best, planned = None, 0, None, 0
         memo: dict = {}  # what each search computed: the full search of the chosen proposal keeps its screen's
         for attempt in attempts(tables, topo.world_size, cap, host_cap, batch, UvmPricing.shipped(), self._price, topo.local_world_size):
@@ -48,16 +53,17 @@ class MemoryPlanning:
             if best is None or cost < best[0]:
                 best = (cost, attempt, self.plan_, self.search_result_, self.task_, self._decided)
             planned += 1
-            if not attempt.placements or planned >= KEPT_ATTEMPTS:
+            if not attempt.placements or planned >= KEPT_ATTEMPTS or past(deadline):
                 break
         if best is None:
             if most:
                 raise InfeasibleError(f"no plan fits HBM and host memory with up to {most} of {len(tables)} tables in host memory: {error}")
             raise error or InfeasibleError("no plan: the offload stage found no split of the tables between HBM and host memory")
         _, attempt, self.plan_, self.search_result_, self.task_, decided = best
-        if attempt.placements:  # the chosen proposal, searched in full
+        if attempt.placements and not past(deadline):  # the chosen proposal, searched in full
             self._plan_tables(tables, attempt, cap, host_cap, start, memo)
             decided = self._decided
+        self._overran = time.perf_counter() - start if past(deadline) else None
         if self.plan_.offloaded():
             logger.info("UVM kernels priced by the shipped UVM pricing, %s", UvmPricing.shipped().source)
         if self.search_result_ is not None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 
-from torchrec_neuroshard.access import uniform_access_histogram
+from torchrec_neuroshard.access import uniform_access_histograms
 from torchrec_neuroshard.kernels import ComputeKernel, check_cache_load_factor, sharder_load_factor
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, ShardingError, ShardingKind, TableChoices, TableSpec
 
@@ -212,22 +212,19 @@ def module_tables(
     """
     constraints = constraints or {}
     access_hists = access_hists or {}
+    walked = list(_walk(module, sharders, compute_device))
+    limits = [constraints.get(config.name) for _, _, _, config, *_ in walked]  # by table name, as TorchRec's
+    pfs = [float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR for c in limits]
+    given = [access_hists.get(w[-1]) or access_hists.get(w[3].name) for w in walked]
+    uniform = iter(uniform_access_histograms([(w[3].num_embeddings, pf * batch_size) for w, h, pf in zip(walked, given, pfs) if not h]))
     found: list[ModuleTable] = []
-    for path, offered, kernels, config, pooled, dtype, weight, key in _walk(module, sharders, compute_device):
-        c = constraints.get(config.name)  # by table name, as TorchRec's: one entry for every module's table of that name
-        pf = float(sum(c.pooling_factors)) if c is not None and c.pooling_factors else DEFAULT_POOLING_FACTOR
-        hist = access_hists.get(key) or access_hists.get(config.name) or uniform_access_histogram(config.num_embeddings, pf * batch_size)
+    for (path, offered, kernels, config, pooled, dtype, weight, key), c, pf, hist in zip(walked, limits, pfs, given):
+        hist = hist or next(uniform)  # measured, else the uniform-access one
         spec = TableSpec(
-            name=key,
-            rows=config.num_embeddings,
-            dim=config.embedding_dim,
-            pooling_factor=pf,
-            access_hist=tuple(hist),
-            bytes_per_element=SUPPORTED_DTYPES[dtype],
-            feature_names=tuple(config.feature_names),
-            pooled=pooled,
+            name=key, rows=config.num_embeddings, dim=config.embedding_dim, pooling_factor=pf, access_hist=tuple(hist),
+            bytes_per_element=SUPPORTED_DTYPES[dtype], feature_names=tuple(config.feature_names), pooled=pooled,
             optimizer_multiplier=_optimizer_multiplier(weight),
-        )
+        )  # fmt: skip
         found.append(replace(_constrained(path, spec, offered, kernels, c, compute_device), name=config.name))
     for name in sorted(set(constraints) - {t.name for t in found}):
         logger.warning("constraints name table %r, which the module does not have", name)

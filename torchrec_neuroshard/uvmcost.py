@@ -73,6 +73,20 @@ def cached_share(table: TableSpec, batch_size: int, load_factor: float) -> float
     return min(1.0, cached / unique)
 
 
+def _cached_shares(rows: np.ndarray, hists: np.ndarray, unique: np.ndarray, load_factor: np.ndarray) -> np.ndarray:
+    """``cached_share`` of U tables of ``rows``, ``unique`` rows and ``load_factor`` [U] each
+    and histograms ``hists`` [U, 17], at once: the same arithmetic, elementwise."""
+    room = load_factor * rows  # [U]
+    per_bin = unique[:, None] * hists  # [U, 17] unique rows of each bin
+    cached = np.zeros(len(rows))  # [U]
+    for b in range(NUM_ACCESS_BINS - 1, 0, -1):  # the most accessed bins first, singletons last
+        take = np.minimum(per_bin[:, b], room)
+        cached, room = cached + take, room - take
+    cold_rows = np.maximum(1.0, rows - (unique - per_bin[:, 0]))
+    cached = cached + per_bin[:, 0] * np.minimum(1.0, room / cold_rows)
+    return np.where(unique > 0, np.minimum(1.0, cached / np.where(unique > 0, unique, 1.0)), 1.0)
+
+
 def features(shard: Shard, batch_size: int) -> np.ndarray:
     """``FEATURES`` of ``shard`` at ``batch_size`` (the batch its kernel sees), [4]."""
     table = shard.table
@@ -105,6 +119,30 @@ class UvmPricing:
                 fwd, bwd = self.coefficients[shard.table.kernel.value]
                 x = features(shard, batch_size)  # [4]
                 out[i] = (float(np.dot(fwd, x)), float(np.dot(bwd, x)))
+        return out
+
+    def whole_table_penalties(self, tables: Sequence[TableSpec], kernels: Sequence[tuple[ComputeKernel, float | None]], batch_size: int) -> np.ndarray:
+        """[N] forward + backward ms each of N ``tables`` adds whole (every column) on its
+        (kernel, cache load factor) of ``kernels``: ``penalty_ms`` of each, the same
+        arithmetic, done together (the offload stage prices ~9 kernels of each of
+        thousands of tables)."""
+        out = np.zeros(len(tables))  # [N] 0 for fused
+        uvm = [i for i, (kernel, _) in enumerate(kernels) if kernel is not ComputeKernel.FUSED]
+        if not uvm:
+            return out
+        specs = [tables[i] for i in uvm]
+        lookups = np.asarray([t.pooling_factor * batch_size for t in specs])  # [U]
+        row_gb = np.asarray([t.dim * t.bytes_per_element / 1e9 for t in specs])  # [U]
+        unique = np.asarray([unique_rows(t, batch_size) for t in specs])  # [U]
+        caching = np.asarray([kernels[i][0].cached for i in uvm])  # [U]
+        factor = np.asarray([kernels[i][1] if kernels[i][0].cached else 1.0 for i in uvm], dtype=np.float64)  # [U]
+        rows = np.asarray([float(t.rows) for t in specs])  # [U]
+        hists = np.asarray([t.access_hist for t in specs], dtype=np.float64)  # [U, 17]
+        missed = np.where(caching, unique * (1.0 - _cached_shares(rows, hists, unique, factor)), 0.0)  # [U]
+        x = (lookups * row_gb, lookups / 1e6, unique * row_gb, missed * row_gb)  # 4 x [U], ``features``
+        coef = np.asarray([self.coefficients[kernels[i][0].value] for i in uvm])  # [U, 2 (fwd, bwd), 4]
+        fwd, bwd = (((c[:, 0] * x[0] + c[:, 1] * x[1]) + c[:, 2] * x[2]) + c[:, 3] * x[3] for c in (coef[:, 0], coef[:, 1]))
+        out[uvm] = fwd + bwd  # the dot products summed in order, as np.dot of 4 sums them
         return out
 
     @staticmethod

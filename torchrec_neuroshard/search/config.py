@@ -5,6 +5,7 @@ search shares."""
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
@@ -42,9 +43,18 @@ class SearchConfig:
     kind_scales: tuple[float, ...] = (1.05, 1.25, math.inf)
     """The max-dimension scales of the quick greedy placement that prices each kind choice."""
     deadline: float | None = None
-    """A ``time.perf_counter()`` reading past which the beam search splits no deeper and
-    the local searches move no more shards, so the plan is the best found by then (the
-    planner's ``timeout_seconds``); None: no limit."""
+    """A ``time.perf_counter()`` reading past which the search refines no further: the kind
+    choice keeps the given placements (or the cheapest kinds priced so far), the beam search
+    splits no deeper, the by-module plan is not made and the local searches move no more
+    shards; a greedy run that would end past it is dropped, but the root state's (whole
+    tables, the fallback) and the heuristics' plans are always made, so the plan is the best
+    found by then (the planner's ``timeout_seconds``); None: no limit."""
+
+
+def past(deadline: float | None) -> bool:
+    """Whether the planning budget's ``deadline`` (a ``time.perf_counter()`` reading; None:
+    none) has passed: a stage that refines the plan starts no more work past it."""
+    return deadline is not None and time.perf_counter() >= deadline
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from torchrec_neuroshard.search.config import SearchConfig, SearchContext, SearchResult
+from torchrec_neuroshard.search.config import SearchConfig, SearchContext, SearchResult, past
 from torchrec_neuroshard.search.joint import joint_plan
 from torchrec_neuroshard.search.modules import improve_modules, plan_by_module
 from torchrec_neuroshard.stepcost import CachedEmbedder, predict_step
@@ -82,11 +82,11 @@ def _search(task: Task, given: tuple[TablePlacement, ...], context: SearchContex
 
 def _searched_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> tuple[Plan, int]:
     """The best plan of the tables ``given`` leaves, with ``given``; and the states
-    evaluated. A task of several modules is also planned module by module, and the plan
-    the whole step prices lower is kept."""
+    evaluated. A task of several modules is also planned module by module (not past the
+    planning budget, ``SearchConfig.deadline``), and the plan the whole step prices lower is kept."""
     model, config, embed = context.model, context.config, context.embed
     plan, evaluated = joint_plan(task, given, context)
-    if len(task.modules) < 2:
+    if len(task.modules) < 2 or past(config.deadline):
         return plan, evaluated
     candidates = [plan]
     try:

@@ -11,59 +11,16 @@ advances in lockstep, vectorised over runs and devices.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.stepcost import Embedder
-from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingKind, TablePlacement, Task
+from torchrec_neuroshard.search.keys import Keys, Widths, state_keys
+from torchrec_neuroshard.types import CostModel, Plan, TablePlacement, Task
 
-Widths = tuple[tuple[int, ...], ...]
-"""A split state: the shard widths of each table, in task table order; () for a table the
-state leaves out (replicated or split by rows)."""
-
-
-def state_keys(state: Widths) -> list[tuple[int, int]]:
-    """The (table index, width) key of every shard of ``state``."""
-    return [(t, w) for t, ws in enumerate(state) for w in ws]
-
-
-@dataclass
-class Keys:
-    """The distinct (table, width) shards met during one search call, with their
-    embeddings, single-shard costs and sizes; grows as splits create new widths."""
-
-    task: Task
-    model: CostModel
-    embed: Embedder
-    index: dict[tuple[int, int], int] = field(default_factory=dict)
-    emb: np.ndarray | None = None
-    single: np.ndarray | None = None
-    width: np.ndarray | None = None
-    size: np.ndarray | None = None
-
-    def ensure(self, keys: Sequence[tuple[int, int]]) -> None:
-        """Add the (table index, width) ``keys`` not held yet."""
-        new = [k for k in dict.fromkeys(keys) if k not in self.index]
-        if not new:
-            return
-        shards = [Shard(self.task.tables[t], w) for t, w in new]
-        kind = ShardingKind.COLUMN_WISE  # table-wise shards take the same memory
-        emb = self.embed(shards).astype(np.float32)
-        single = np.asarray(self.model.compute_cost([[s] for s in shards], self.embed)).sum(1)  # refuses inf / NaN
-        for k in new:
-            self.index[k] = len(self.index)
-        self.emb = _extended(self.emb, emb)
-        self.single = _extended(self.single, single)
-        self.width = _extended(self.width, np.asarray([w for _, w in new], dtype=np.float64))
-        memory = [s.memory_bytes(kind, self.task.batch_size, self.task.num_devices) for s in shards]
-        self.size = _extended(self.size, np.asarray(memory, dtype=np.float64))
-
-
-def _extended(rows: np.ndarray | None, more: np.ndarray) -> np.ndarray:
-    """``rows`` with ``more`` after them along the first axis (``more`` alone if None)."""
-    return more if rows is None else np.concatenate([rows, more])
+__all__ = ["Keys", "Placements", "Runs", "Widths", "greedy_runs", "plan_from_shards", "plan_of", "state_keys"]
 
 
 @dataclass(frozen=True)
@@ -144,12 +101,14 @@ def greedy_runs(
     scales: Sequence[float],
     caps: Sequence[float] | None = None,
     reserved: np.ndarray | None = None,
-) -> Runs:
+    deadline: float | None = None,
+) -> Runs | None:
     """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
     predicted single-shard cost, each to the feasible device of least predicted compute so
     far (ties to less memory of its own); feasible = memory fits (``caps`` per state, default
     the task's cap, less ``reserved`` [D], default the task's) and the device's dim sum
-    stays within scale x (total width / D).
+    stays within scale x (total width / D). None if ``deadline`` (a ``time.perf_counter()``
+    reading, the planning budget's) passes before every run has ended.
 
     Runs that placed the same shards on the same devices share one placement until they
     part (a state's scales, states alike up to their first difference): placed once."""
@@ -170,6 +129,8 @@ def greedy_runs(
     ends = set(length.tolist())  # the steps at which some runs have placed all their shards
     a = np.arange(R)  # [A] the active runs: alive, shards left to place
     for k in range(smax + 1):
+        if deadline is not None and time.perf_counter() >= deadline:
+            return None
         if k in ends:
             done, a = a[length[a] == k], a[length[a] > k]
             p = placement[done]
@@ -190,11 +151,16 @@ def greedy_runs(
             p, kk, device = _one_run_per_placement(n_held, placement[a], kk, device)
             shared = len(p) < len(a)
         held.place(model, p * D + device, keys.emb[kk], keys.width[kk], keys.size[kk])
-    alive = died_at < 0
-    total = np.full(R, np.inf)
+    return Runs(_totals(model, died_at < 0, end_fwd, end_bwd, end_dims), assign.T, order.T, died_at, free_at_death)
+
+
+def _totals(model: CostModel, alive: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> np.ndarray:
+    """[R] the embedding cost of each run that placed every shard (``alive`` [R]; the
+    devices' forward and backward ms and dims at its end [R, D]), inf for the others."""
+    total = np.full(len(alive), np.inf)
     if alive.any():
-        _, total[alive] = model.embedding_cost(end_fwd[alive], end_bwd[alive], end_dims[alive])
-    return Runs(total, assign.T, order.T, died_at, free_at_death)
+        _, total[alive] = model.embedding_cost(fwd[alive], bwd[alive], dims[alive])
+    return total
 
 
 def _one_run_per_placement(
@@ -217,7 +183,7 @@ def _run_orders(
     devices, plus a tolerance) [R] and its number of shards [R]."""
     per_state = []
     for st in states:
-        ids = np.fromiter((keys.index[t, w] for t, ws in enumerate(st) for w in ws), dtype=np.int64)
+        ids = keys.ids(st)
         per_state.append(ids[np.argsort(-keys.single[ids], kind="stable")])
     n_scales = len(scales)
     order = np.full((max(len(ids) for ids in per_state), len(states) * n_scales), -1, dtype=np.int64)  # [Smax, R]

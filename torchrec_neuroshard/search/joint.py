@@ -8,10 +8,12 @@ no plan fits.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
-from torchrec_neuroshard.search.config import SearchConfig, SearchContext
+from torchrec_neuroshard.search.config import SearchConfig, SearchContext, past
 from torchrec_neuroshard.search.fixed import fixed_ms, rest_task, with_fixed
 from torchrec_neuroshard.search.greedy import Keys, Widths, greedy_runs, state_keys
 from torchrec_neuroshard.search.kinds import Kinds, choose_kinds
@@ -27,6 +29,8 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
     states evaluated."""
     model, config, choices, embed = context.model, context.config, context.choices, context.embed
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
+    if config.deadline is not None:
+        _fallback_first(task, given, context, choice)
     fixed = _kinds(task, given, context, choice)
     searched, evaluated = split_and_place(task, model, config, choice, fixed, embed, context.memo)
     candidates = [(p, fixed) for p in searched]
@@ -47,13 +51,29 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
     return with_fixed(plan, fixed, task), evaluated
 
 
+def _fallback_first(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> None:
+    """Under a planning budget, the plans that need no kind choice, made before it and kept
+    in ``context.memo``: the greedy run of the whole tables the given placements leave and
+    the heuristics' plans of them. The search reads them from there as it would have made
+    them, so the plan is the same; but a budget that runs out during the kind choice finds
+    its fallback made, not still to make."""
+    config = replace(context.config, max_steps=0)  # the root's greedy runs alone
+    split_and_place(task, context.model, config, choice, given, context.embed, context.memo)
+    if config.seed_with_baselines:
+        _feasible_baselines(rest_task(task, given), context.memo)
+
+
 def _kinds(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> Kinds:
     """``choose_kinds``' answer, kept in ``context.memo`` under all it reads but the model:
-    the task, the given placements, the choices and the kind-choice knobs."""
+    the task, the given placements, the choices and the kind-choice knobs; one the planning
+    budget cut short is not kept."""
     config = context.config
     key = ("kinds", task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid)
     if key not in context.memo:
-        context.memo[key] = choose_kinds(task, context.model, config, choice, context.embed, given)
+        kinds = choose_kinds(task, context.model, config, choice, context.embed, given)
+        if past(config.deadline):
+            return kinds
+        context.memo[key] = kinds
     return context.memo[key]
 
 

@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from torchrec_neuroshard.hosts import spread_over_hosts
-from torchrec_neuroshard.search.config import SearchConfig
+from torchrec_neuroshard.search.config import SearchConfig, past
 from torchrec_neuroshard.search.fixed import placed_memory, taken_memory, with_fixed
 from torchrec_neuroshard.search.greedy import Keys, greedy_runs, plan_of
 from torchrec_neuroshard.stepcost import Collectives, Embedder, data_parallel_ms, predict_step
@@ -50,9 +50,9 @@ def choose_kinds(
 ) -> Kinds:
     """The ``given`` placements and the tables to replicate or split by rows beside them
     (see the module docstring); ``given`` alone when the model cannot price either, or on
-    one device."""
+    one device, or past the planning budget (``config.deadline``)."""
     collectives = Collectives.of(model, task)
-    if task.num_devices == 1 or not (collectives.replicates() or collectives.splits_rows()):
+    if task.num_devices == 1 or not (collectives.replicates() or collectives.splits_rows()) or past(config.deadline):
         return given
     given_names = {p.table for p in given}
     open_tables = [(i, t) for i, t in enumerate(task.tables) if t.name not in given_names]
@@ -108,7 +108,8 @@ def _cheapest(
 ) -> Kinds | None:
     """The kinds of ``grid`` (each the ``given`` placements first) whose quick
     greedy placement of the other tables (whole, in lockstep) the whole step prices
-    lowest; None when no placement fits memory. Every device starts from the bytes the
+    lowest; None when no placement fits memory or the planning budget (``config.deadline``)
+    runs out before the runs end (past it while pricing them: the cheapest priced). Every device starts from the bytes the
     given placements take on it; a choice's own row splits and replicas lower every
     device's cap by what they take on the fullest (a choice leaving no memory: all its
     runs die)."""
@@ -117,10 +118,14 @@ def _cheapest(
         names = {p.table for p in fixed}
         states.append(tuple(() if t.name in names else (t.dim,) for t in task.tables))
     caps = [task.memory_cap_bytes - placed_memory(task, fixed[len(given) :]).max() for fixed in grid]
-    runs = greedy_runs(task, model, keys, states, config.kind_scales, caps, taken_memory(task, given))
+    runs = greedy_runs(task, model, keys, states, config.kind_scales, caps, taken_memory(task, given), config.deadline)
+    if runs is None:  # the planning budget ran out: no kinds beyond the given
+        return None
     per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
     best: tuple[float, Kinds] | None = None
     for i, fixed in enumerate(grid):
+        if best is not None and past(config.deadline):
+            break
         if not np.isfinite(per_state[i].min()):
             continue
         placed = plan_of(task, keys, runs, i * len(config.kind_scales) + int(per_state[i].argmin()))

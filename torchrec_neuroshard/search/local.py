@@ -15,6 +15,8 @@ what losing i alone and gaining j alone each change, 4 evaluations per shard ins
 (``_two_device_cost``: exact where the comm model's forward only adds the wait for the
 latest device, as the alpha-beta stand-in's does; the neural comm's other dependence on
 the skews is taken as it stands); the ``shortlist`` best estimates are then priced exactly.
+The rounds screen block by block (``screen``: the same estimates, broadcast over each
+cheap device's swaps instead of gathered per candidate).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 
 from torchrec_neuroshard.search.config import SearchConfig
 from torchrec_neuroshard.search.greedy import Keys, plan_from_shards
+from torchrec_neuroshard.search.screen import blocks, shortlisted
 from torchrec_neuroshard.types import CostModel, Plan, Task
 
 SHORTLIST = 1024
@@ -106,11 +109,13 @@ def local_improve(
         cheap = np.asarray([d for d in np.argsort(now.per_dev) if d != worst][:partners], dtype=np.int64)
         if not len(cheap):  # one device: nowhere to move to
             break
-        cand = _candidates(dev, keys.size[key_of], now.mem, worst, cheap, cap)  # [n, 3]
+        found = blocks(dev, keys.size[key_of], now.mem, worst, cheap, cap)  # the candidates, by block
+        if sum(b.size for b in found) > shortlist:  # the ones _estimate shortlists, block by block
+            cand = shortlisted(model, keys, key_of, dev, now, worst, cheap, found, shortlist)  # [shortlist, 3]
+        else:
+            cand = _candidates(dev, keys.size[key_of], now.mem, worst, cheap, cap)  # [n, 3]
         if not len(cand):
             break
-        if len(cand) > shortlist:
-            cand = cand[np.sort(np.argpartition(_estimate(model, keys, key_of, dev, now, worst, cheap, cand), shortlist)[:shortlist])]
         cost = _exact(model, keys, key_of, now, worst, cand, fixed_ms)
         best = int(cost.argmin())
         if cost[best] >= now.total - 1e-6:

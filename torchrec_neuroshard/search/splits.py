@@ -12,12 +12,11 @@ the whole step beside the heuristics' plans, and the cheapest goes on.
 from __future__ import annotations
 
 import math
-import time
 from typing import Mapping, Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.search.config import SearchConfig
+from torchrec_neuroshard.search.config import SearchConfig, past
 from torchrec_neuroshard.search.fixed import rest_task
 from torchrec_neuroshard.search.greedy import Keys, Runs, Widths, greedy_runs, plan_of, state_keys
 from torchrec_neuroshard.stepcost import Embedder
@@ -52,7 +51,7 @@ def split_and_place(
     seen = {root}
     evaluated = 1
     for depth in range(config.max_steps):
-        if config.deadline is not None and time.perf_counter() >= config.deadline:
+        if past(config.deadline):
             break
         children = [c for st in beam for c in _split_children(st, keys, config.top_k, min_w) if c not in seen]
         children = list(dict.fromkeys(children))
@@ -61,9 +60,11 @@ def split_and_place(
         seen.update(children)
         keys.ensure([k for c in children for k in state_keys(c)])
         if depth == 0:  # the root's children, the same at every beam width
-            runs = _kept_runs(memo, task, model, keys, children, config.scales)
+            runs = _kept_runs(memo, task, model, keys, children, config.scales, config.deadline)
         else:
-            runs = greedy_runs(task, model, keys, children, config.scales)
+            runs = greedy_runs(task, model, keys, children, config.scales, deadline=config.deadline)
+        if runs is None:  # the planning budget ran out before these runs ended
+            break
         evaluated += len(children)
         per_state = runs.cost.reshape(len(children), len(config.scales))
         state_cost = per_state.min(1)
@@ -76,14 +77,20 @@ def split_and_place(
     return plans, evaluated
 
 
-def _kept_runs(memo: dict, task: Task, model: CostModel, keys: Keys, states: list[Widths], scales: tuple[float, ...]) -> Runs:
+def _kept_runs(
+    memo: dict, task: Task, model: CostModel, keys: Keys, states: list[Widths], scales: tuple[float, ...], deadline: float | None = None
+) -> Runs | None:
     """``greedy_runs`` of ``states``, kept in ``memo`` by the task, states and scales. Runs
     name shards by their ``keys`` ids, so a kept one is reused only where ``keys`` gave
-    every shard the same id (the same shards ensured in the same order)."""
+    every shard the same id (the same shards ensured in the same order). None (nothing
+    kept) when ``deadline`` passes first."""
     key = ("greedy", task, tuple(states), tuple(scales))
     ids = tuple(keys.index)  # [K] (table, width) of each id
     if key not in memo or memo[key][0] != ids:
-        memo[key] = (ids, greedy_runs(task, model, keys, states, scales))
+        runs = greedy_runs(task, model, keys, states, scales, deadline=deadline)
+        if runs is None:
+            return None
+        memo[key] = (ids, runs)
     return memo[key][1]
 
 

@@ -241,19 +241,24 @@ class Shard:
         optimizer state when its table's kernel keeps them there (UVM kernels), else 0."""
         return self.storage(kind, batch_size, world_size, blocks)[1]
 
-    def storage(self, kind: ShardingKind, batch_size: int, world_size: int, blocks: int | None = None) -> tuple[int, int]:
-        """(``memory_bytes``, ``host_memory_bytes``)."""
+    def io_bytes(self, kind: ShardingKind, batch_size: int, world_size: int, blocks: int | None = None) -> int:
+        """Bytes of one step's input indices and output in HBM, on every kernel."""
         t = self.table
-        weights = self.size_bytes
-        if weights == 0:  # an empty row block
-            return 0, 0
         local = batch_size / world_size
         indices = t.pooling_factor * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
         if kind.splits_rows:
             indices /= blocks or world_size
         bags = min(1.0, t.pooling_factor) * (local if kind is ShardingKind.DATA_PARALLEL else batch_size)
         outputs = bags if t.pooled else indices  # a sequence kernel outputs every lookup
-        io = math.ceil(indices * INPUT_INDEX_BYTES) + math.ceil(outputs * self.width * t.bytes_per_element)
+        return math.ceil(indices * INPUT_INDEX_BYTES) + math.ceil(outputs * self.width * t.bytes_per_element)
+
+    def storage(self, kind: ShardingKind, batch_size: int, world_size: int, blocks: int | None = None) -> tuple[int, int]:
+        """(``memory_bytes``, ``host_memory_bytes``)."""
+        t = self.table
+        weights = self.size_bytes
+        if weights == 0:  # an empty row block
+            return 0, 0
+        io = self.io_bytes(kind, batch_size, world_size, blocks)
         if t.kernel is ComputeKernel.FUSED:
             return weights + math.ceil(weights * t.optimizer_multiplier) + io, 0
         return shard_storage(
