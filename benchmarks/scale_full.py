@@ -173,27 +173,17 @@ def measure_task(session: Session, num_devices: int, pool_seed: int, planners: S
     task, planned = session.task(num_devices, pool_seed), latest_plans(read_rows(session.planned), pool_seed, num_devices)
     rows = {n: planned[n] for n in planners if planned.get(n, {}).get("status") == "ok"}
     plans = {n: Plan.from_dict(r["plan"]) for n, r in rows.items()}
-    memory = session.memory_bytes()
-    for name in [n for n, plan in plans.items() if memory is not None and max(plan.device_memory(on_kernels(task, plan).tables, task.batch_size)) > memory]:
-        print(f"pool {pool_seed} D={num_devices}: {name}'s largest device needs more than {memory / 1e9:.0f} GB here: not timed", flush=True)
-        del plans[name]
-    if not plans:
-        return 0
     sha = hashlib.sha1(json.dumps({n: rows[n]["plan"] for n in plans}, sort_keys=True).encode()).hexdigest()[:12]
     key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "hardware": hardware_name(session.on), **dataclasses.asdict(session.config)}
     done = {(r["pass"], r["device"]) for r in done_rows if all(r.get(k) == v for k, v in key.items())}
     devices = None if session.devices_per_task is None else list(range(session.devices_per_task))
-    wanted = {(p, d) for p in range(session.config.passes) for d in devices or range(num_devices)}
-    if wanted <= done:
+    if not plans or {(p, d) for p in range(session.config.passes) for d in devices or range(num_devices)} <= done:
         return 0
-    names = tables_at(task, plans, devices)
-    have = draws.setdefault(pool_seed, [{} for _ in range(session.config.draws)])
-    missing = [t.name for t in task.tables if (names is None or t.name in names) and t.name not in have[0]]
-    if missing:  # the same bags whichever tables are asked for (task_lookups' seeds are the table's index)
-        t0 = time.monotonic()
-        for k, bags in enumerate(have):
-            bags.update(task_lookups(task, draw=k, workers=os.cpu_count() or 1, only=set(missing)))
-        print(f"pool {pool_seed}: {session.config.draws} draws of ids for {len(missing)} tables in {time.monotonic() - t0:.1f} s", flush=True)
+    ids(session, task, pool_seed, tables_at(task, plans, devices), draws)
+    memory = session.memory_bytes()  # what the ids left
+    for name in [n for n, plan in plans.items() if memory is not None and max(plan.device_memory(on_kernels(task, plan).tables, task.batch_size)) > memory]:
+        print(f"pool {pool_seed} D={num_devices}: {name}'s largest device needs more than {memory / 1e9:.0f} GB here: not timed", flush=True)
+        del plans[name]
 
     def append(measured: list[dict]) -> None:
         append_rows(out, [{**key, **r, "predicted_ms": rows[r["planner"]]["predicted_ms"][r["device"]]} for r in measured])
@@ -206,14 +196,30 @@ def measure_task(session: Session, num_devices: int, pool_seed: int, planners: S
     return len({(r["pass"], r["device"]) for r in measured})
 
 
+def ids(session: Session, task, pool_seed: int, names: list[str] | None, draws: dict) -> None:
+    """``draws[pool_seed]``: each draw's bags of ``names`` (None: all tables) added where
+    missing (the same bags whichever are asked for: ``task_lookups``' seeds are the tables'
+    indices), sampled on every core; at full size kept on the GPU, so a row block's ids are
+    picked there (887M ids, 7 GB a draw)."""
+    have = draws.setdefault(pool_seed, [{} for _ in range(session.config.draws)])
+    missing = [t.name for t in task.tables if (names is None or t.name in names) and t.name not in have[0]]
+    if not missing:
+        return
+    t0 = time.monotonic()
+    for k, bags in enumerate(have):
+        new = task_lookups(task, draw=k, workers=os.cpu_count() or 1, only=set(missing))
+        bags.update({n: (i.to(session.on), o.to(session.on)) for n, (i, o) in new.items()})
+    print(f"pool {pool_seed}: {session.config.draws} draws of ids for {len(missing)} tables in {time.monotonic() - t0:.1f} s", flush=True)
+
+
 # ---------------------------------------------------------------- estimate
 
 H200_ROWS = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "h200_compute.jsonl.gz"
-HOST = {"fill_gbps": 500.0, "h2d_gbps": 10.0, "filter_gelems": 0.5, "sample_s_per_table": 0.055, "threads": 8}
-"""Assumed host-side rates on the lent machine: TBE weights initialised at 500 GB/s on the
-GPU, ids copied at 10 GB/s (pageable; 16 bytes an id: the CPU's concatenation, then the
-copy), a row block's ids filtered on the CPU at 0.5 G/s, a
-full-size table's ids sampled in 55 ms (one thread here, 20 tables: 1.1 s) on 8 effective threads."""
+HOST = {"fill_gbps": 500.0, "filter_gelems": 50.0, "visit_s": 0.1, "h2d_gbps": 10.0, "sample_s_per_table": 0.055, "threads": 8}
+"""Assumed rates on the lent machine: TBE weights initialised at 500 GB/s on the GPU, a row
+block's ids picked on the GPU at 50 G ids/s, 0.1 s of Python and launches a plan's visit;
+once a pool, its ids (8 bytes each) copied at 10 GB/s, a full-size table's sampled in 55 ms
+(one thread here, 20 tables: 1.1 s) on 8 effective threads."""
 
 
 def kernel_bound() -> tuple[float, float]:
@@ -227,7 +233,7 @@ def kernel_bound() -> tuple[float, float]:
 
 
 def device_work(task, plan: Plan, device: int) -> tuple[list[float], float, float]:
-    """(elements each kernel of the device looks up a step, its ids' count, row-block ids filtered)."""
+    """(elements each kernel of the device looks up a step, its ids' count, row-block ids picked from)."""
     groups, (replicated,) = lookup_groups(task, plan, [[t.name for t in task.tables]])
     kernels, ids, filtered = [], 0.0, 0.0
     for g in (g for g in groups if g.shards[device]):
@@ -253,13 +259,14 @@ def estimate(pool_seed: int, devices: Sequence[int], planners: Sequence[str], co
             plan = Plan.from_dict(planned[name]["plan"])
             weights = plan.device_memory(on_kernels(task, plan).tables, task.batch_size)
             for k in range(d):
-                kernels, ids, filtered = device_work(task, plan, k)
+                kernels, _, filtered = device_work(task, plan, k)
                 kernel_s += config.passes * steps * sum(fixed + per_g * w / 1e9 for w in kernels) / 1e3
-                host_s += config.passes * (weights[k] / HOST["fill_gbps"] / 1e9 + config.draws * (16 * ids / HOST["h2d_gbps"] / 1e9 + filtered / HOST["filter_gelems"] / 1e9))
+                host_s += config.passes * (weights[k] / HOST["fill_gbps"] / 1e9 + HOST["visit_s"] + config.draws * filtered / HOST["filter_gelems"] / 1e9)
         total += kernel_s + host_s
         print(f"D={d}: {config.passes * d} visits x {len(planners)} plans: kernels under {kernel_s:.0f} s, host {host_s:.0f} s")
-    sample_s = config.draws * len(task.tables) * HOST["sample_s_per_table"] / HOST["threads"]
-    print(f"ids of pool {pool_seed}: {sample_s:.0f} s; in all {(total + sample_s) / 60:.1f} device-minutes (+ start and unpacking)")
+    count = sum(t.pooling_factor * task.batch_size for t in task.tables)
+    sample_s = config.draws * (len(task.tables) * HOST["sample_s_per_table"] / HOST["threads"] + 8 * count / HOST["h2d_gbps"] / 1e9)
+    print(f"ids of pool {pool_seed} ({count / 1e6:.0f}M a draw): {sample_s:.0f} s; in all {(total + sample_s) / 60:.1f} device-minutes (+ start and unpacking)")
 
 
 def measure(session: Session, work: Sequence[tuple[int, int]], planners: Sequence[str], out: Path, resume: Sequence[Path]) -> None:
