@@ -13,7 +13,7 @@ carry=[".gpu"], timeout_s=600)``, after ``python -m benchmarks.gpu.bundle`` here
    size_lookup, each device timed as DMP builds it, rows appended as measured to
    ``$OUT/scale_full_measured.jsonl``, devices already given back (committed as
    ``benchmarks/results/scale_full_measured.jsonl.gz``) skipped. It gets the budget less
-   what unpacking took and ``LEFTOVERS_S``;
+   what unpacking took and ``--leftovers-s``;
 3. issue 27's leftovers: ``benchmarks.uvm_gpu measure`` (the stored UVM plans; neuroshard-room
    and torchrec-scaleup were never measured) as the next session, and
    ``tests/test_uvm_dmp_gpu.py`` (a plan with UVM kernels through DMP on one GPU).
@@ -28,20 +28,23 @@ CPU plans of the same tasks, 2 devices a task (``scale_full --dry-run``), no bun
 measurement skipped (it needs a GPU) and the GPU test collected (it skips): about 40 s here.
 
 Device time (the target: D = 16, 32, 128 for three planners within 10 device-minutes on an
-H100 or H200), estimated from the dry run's work counts and the H200 kernel rows, not yet
-measured on a GPU. Visits: (16 + 32 + 128) devices x 2 passes = 352, each building and
-timing 3 plans' TBEs over 2 draws x 2 rounds x (1 untimed + 3 timed) steps = 16 steps a
-plan. Kernel time: the slowest H200 kernel in ``lab/data/h200_compute.jsonl.gz`` runs at
-about 1 ms per 6M lookups x 128 of width forward+backward; a full-size device reads the global
-batch's ids of its tables (about 887M lookups x a mean width of 42 over D devices), so a
-D = 16 device's step is under ~25 ms, D = 32 under ~12 ms, D = 128 under ~4 ms: 352 x 3 x 16
-steps take under ~2.5 minutes, upper bound. Host time, the larger part: the ids (887M a draw,
-sampled on the machine's 16 cores: about 20 s a draw from the dry run's 10 s for 265 tables on
-2 cores) and each visit's TBE builds and id copies (the dry run: 0.3-2 s a visit at rows / 64
-on one core; at full size the ids are 16 x, weights 64 x but built on the GPU): about 0.3 s a
-plan-visit, 5 minutes. With unpacking (~30 s) and the machine's start (counted, ~2 minutes),
-the three D take 8-10 device-minutes: within the target, barely; ``--budget-s`` stops before a
-visit that would pass it, so an overrun loses only the visits not started.
+H100 or H200): ESTIMATED, not yet measured on a GPU, by ``python -m benchmarks.scale_full
+estimate --pool-seeds 2 --devices 16 32 128`` on the stored plans: 352 device visits (2 passes
+over 16 + 32 + 128 devices) x 3 plans, each plan 2 draws x 2 rounds x (1 untimed + 3 timed)
+steps of each of the device's kernels. A kernel's step is bounded by the H200 rows
+(``lab/data/h200_compute.jsonl.gz``, 2,750 fused kernels at full size): 1.10 ms (95th
+percentile of the smallest tenth) + 13.5 ms per G looked-up elements (95th percentile of the
+larger half; their median is 7.3), its elements the device's share of the global batch's
+lookups x widths in the stored plan. Kernels: under 57 s at D = 16, 59 s at 32, 72 s at 128.
+Host work, from assumed rates (``scale_full.HOST``: weights initialised at 500 GB/s, 0.1 s a
+plan's visit, row blocks' ids picked on the GPU): 18, 27 and 85 s; the pool's ids (873M a
+draw x 2, sampled on 8 effective cores, copied once): 13 s. In all 5.5 device-minutes; with
+the machine's start (~2 min) and unpacking (~0.5) about 8: within the target if the host
+rates hold. The at-scale step gets the budget less unpacking and ``--leftovers-s``
+(540 - 30 - 150 = 360 s of a 600 s call; 5.5 min = 330 s), and no visit starts that would end
+past it: an overrun leaves the last D = 128 visits to the next lent session (resumable).
+The dry run's own work counts: 3 tasks x 2 devices x 2 passes x 3 plans, 36 rows, in
+about 35 s on this 2-core EPYC at rows / 64 (ids for 333 tables: 11 s of it).
 """
 
 from __future__ import annotations
@@ -112,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=540.0, help="seconds the whole session may take (a call: at most 600)")
     p.add_argument("--out", type=Path, required=True, help="where everything goes ($OUT on the GPU)")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: the dry run")
+    p.add_argument("--leftovers-s", type=float, default=LEFTOVERS_S, help="of the budget, what issue 27's leftovers keep (0: all to the at-scale timing)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (ROOT / ".gpu" / "fbgemm_sm90.tar.xz").exists():
             p.error("no .gpu/ bundle here: build it with `python -m benchmarks.gpu.bundle` and carry .gpu")
         done.append(run_step("unpack", ["bash", "benchmarks/gpu/run.sh", "true"], 120, args.out))
-    at_scale_s = args.budget_s - (time.monotonic() - t0) - (LEFTOVERS_S if args.device == "cuda" else 0.0)
+    at_scale_s = args.budget_s - (time.monotonic() - t0) - (args.leftovers_s if args.device == "cuda" else 0.0)
     if at_scale_s < 60:
         p.error(f"budget {args.budget_s:.0f} s leaves {at_scale_s:.0f} s for the at-scale timing: give more")
     for name, command, limit_s in steps(args.device, args.out, at_scale_s):
