@@ -90,3 +90,23 @@ def test_the_report_gives_each_plans_slowest_device_its_ratio_to_torchrec_and_th
     text = scale_full.report([tmp_path / "rows.jsonl"])
     assert "| NVIDIA H200 | 2 | 2 | neuroshard | 3.00 | 1.20 | 0.750 (0.750-0.750) | 2.00 | 25.0% |" in text, text
     assert "Not measured in full: NVIDIA H200 pool 2 D=16 lookup: 1 of 16 devices" in text
+
+
+def test_a_set_of_plans_the_gpu_cannot_hold_together_is_timed_plan_by_plan(monkeypatch) -> None:
+    import torch
+
+    from torchrec_neuroshard.lab import judge
+
+    tried = []
+
+    def time_set(task, plans, device, draws, config, rotation, on, set_id):
+        tried.append(sorted(plans))
+        if len(plans) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return [{"planner": n} for n in plans]
+
+    monkeypatch.setattr(judge, "_time_set", time_set)
+    task = generate_task(synthetic_pool(), 32, 4, WorkloadScale(), seed=0)
+    plans = {n: baseline_plan(n, task) for n in ("size", "lookup")}
+    rows = judge.time_device(task, plans, 0, [{}], judge.JudgeConfig(draws=1))
+    assert tried == [["lookup", "size"], ["size"], ["lookup"]] and [r["planner"] for r in rows] == ["size", "lookup"]

@@ -117,25 +117,40 @@ def time_device(
 ) -> list[dict]:
     """Every plan's work on ``device`` in ``config.rounds`` interleaved rounds per draw:
     a row per (draw, plan) with the fused kernels' and the replicas' ms of each round.
-    Plans are built together as ``resident_sets`` allows, interleaved within a set (its
-    index is the rows' ``set``)."""
-    rows = []
-    for k, names in enumerate(resident_sets(task, plans, device, memory_bytes)):
-        work = {name: DeviceWork(task, plans[name], device, on) for name in names}
-        for draw, lookups in enumerate(draws):
-            steps = {name: w.steps(lookups) for name, w in work.items()}
-            fused: dict[str, list[float]] = {n: [] for n in names}
-            replicas: dict[str, list[float]] = {n: [] for n in names}
-            for r in range(config.rounds):
-                start = (rotation + r) % len(names)
-                for name in names[start:] + names[:start]:
-                    fused[name].append(round(_time(steps[name][0], config.repeats, on), 4))
-                    replicas[name].append(round(_time(steps[name][1], config.repeats, on), 4))
-            rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n], "set": k} for n in names]
-            del steps
-        del work
-        if on.type == "cuda":
-            torch.cuda.empty_cache()  # the next set's kernels get the memory this one held
+    Plans are built together as ``resident_sets`` allows, interleaved within a set (the
+    rows' ``set``); a set the GPU runs out of memory for is timed again plan by plan."""
+    rows: list[dict] = []
+    sets = resident_sets(task, plans, device, memory_bytes)
+    while sets:
+        names = sets.pop(0)
+        try:
+            rows += _time_set(task, {n: plans[n] for n in names}, device, draws, config, rotation, on, len(rows))
+        except torch.cuda.OutOfMemoryError:
+            if len(names) == 1:
+                raise
+            sets[:0] = [[n] for n in names]
+        finally:
+            if on.type == "cuda":
+                torch.cuda.empty_cache()  # the next set's kernels get the memory this one held
+    return rows
+
+
+def _time_set(
+    task: Task, plans: Mapping[str, Plan], device: int, draws: Sequence[Mapping[str, Lookups]], config: JudgeConfig, rotation: int, on: torch.device, set_id: int
+) -> list[dict]:
+    """``time_device``'s rounds over one set of plans built together."""
+    work = {name: DeviceWork(task, plan, device, on) for name, plan in plans.items()}
+    names, rows = list(work), []
+    for draw, lookups in enumerate(draws):
+        steps = {name: w.steps(lookups) for name, w in work.items()}
+        fused: dict[str, list[float]] = {n: [] for n in names}
+        replicas: dict[str, list[float]] = {n: [] for n in names}
+        for r in range(config.rounds):
+            start = (rotation + r) % len(names)
+            for name in names[start:] + names[:start]:
+                fused[name].append(round(_time(steps[name][0], config.repeats, on), 4))
+                replicas[name].append(round(_time(steps[name][1], config.repeats, on), 4))
+        rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n], "set": set_id} for n in names]
     return rows
 
 
