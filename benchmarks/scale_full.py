@@ -9,8 +9,9 @@ every plan MEASURED on one lent GPU, one device at a time.
 
 The tasks are ``benchmarks.scale``'s (its held-out pools, ``generate_task`` seed 1, per-device
 memory 1.3 x an even share) at full size: rows as in the pool, global batch 65,536; a device
-of a plan holds about 41 GB at D = 16 and 5 GB at D = 128, so one GPU holds any device of
-D >= 16 (D = 8's 81-106 GB need an H200). Plans are made HERE beforehand, on a cuda topology
+of a plan holds about 41 GB at D = 16 and 5 GB at D = 128 (up to the caps: 50 and 12 GB), so
+an H100 or H200 holds any device of D >= 16 (pool 2's D = 8 plans reach 83-88 GB of a 100 GB
+cap: an H200 only). Plans are made HERE beforehand, on a cuda topology
 of the task's memory with 8 GPUs a host (``fullsize.topology_for``), and stored: NeuroShard
 (the shipped H200 model, ``fullsize.plan_with``), TorchRec's ``EmbeddingShardingPlanner`` as
 its users run it on that topology (its default proposers, its own ``timeout_seconds``; it
@@ -22,8 +23,8 @@ compute per device (the shipped H200 model, a UVM kernel priced by the shipped U
 ``measure`` is ``lab.judge`` on the GPU: each device's shards as the TBEs DMP builds (fused in
 HBM, UVM kernels where the plan has them), timed warm with CUDA events, devices in passes of
 opposite order, planners interleaved in rounds (as many plans at a time as the GPU's memory
-holds). Work runs most valuable first (``WORK``: pool 2 at D = 16, 32, 128 for NeuroShard,
-TorchRec and size_lookup) within ``--budget-s``; every device's rows are appended to
+holds). Work runs most valuable first (pool by pool, D in the order of ``DEVICES``: pool 2 at
+D = 16, 32, 128 for NeuroShard, TorchRec and size_lookup first) within ``--budget-s``; every device's rows are appended to
 ``DIR/scale_full_measured.jsonl`` as measured, each with the device's predicted ms beside,
 and devices already in ``--resume`` files (rows given back by an earlier session, committed
 as ``results/scale_full_measured.jsonl.gz``) are skipped, so a cut-off session loses nothing.
