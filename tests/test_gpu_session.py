@@ -110,3 +110,24 @@ def test_a_set_of_plans_the_gpu_cannot_hold_together_is_timed_plan_by_plan(monke
     plans = {n: baseline_plan(n, task) for n in ("size", "lookup")}
     rows = judge.time_device(task, plans, 0, [{}], judge.JudgeConfig(draws=1))
     assert tried == [["lookup", "size"], ["size"], ["lookup"]] and [r["planner"] for r in rows] == ["size", "lookup"]
+
+
+@pytest.mark.slow
+def test_the_stored_full_size_plans_fit_their_tasks_and_carry_a_prediction_per_device() -> None:
+    from benchmarks.fullsize import as_planned, topology_for
+    from torchrec_neuroshard.types import Plan
+
+    rows = read_rows(scale_full.PLANNED)
+    tasks = sorted({(r["pool_seed"], r["devices"]) for r in rows})
+    assert (2, 16) in tasks and (2, 32) in tasks and (2, 128) in tasks, tasks
+    for pool_seed, d in tasks:
+        task = scale_full.full_task(d, pool_seed)
+        planned = latest_plans(rows, pool_seed, d)
+        assert set(scale_full.PRIORITY) <= set(planned), (pool_seed, d, sorted(planned))
+        for name, r in planned.items():
+            if r["status"] != "ok":
+                assert r["status"].startswith("no plan: "), r["status"]  # how it failed, kept
+                continue
+            plan = Plan.from_dict(r["plan"])
+            plan.validate(as_planned(task, None, plan, topology_for(task))[0])
+            assert len(r["predicted_ms"]) == d and min(r["predicted_ms"]) > 0, (pool_seed, d, name)
