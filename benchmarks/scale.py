@@ -38,7 +38,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from threadpoolctl import threadpool_limits
@@ -70,8 +70,10 @@ pool 0 (the others' plans are kept, and ``--planners`` times them too). TorchRec
 the GPU topology put tables on UVM kernels (at this scale's memory), which a CPU cannot time."""
 
 
-def scale_task(num_devices: int, pool_seed: int) -> Task:
-    return generate_task(synthetic_pool(seed=pool_seed), DLRM_NUM_TABLES, num_devices, WorkloadScale(), seed=TASK_SEED)
+def scale_task(num_devices: int, pool_seed: int, scale: WorkloadScale = WorkloadScale()) -> Task:
+    """The benchmark's task: 856 tables of pool ``pool_seed`` on ``num_devices``, at ``scale``
+    (the CPU's rows / 64 by default; ``benchmarks.scale_full`` takes them at full size)."""
+    return generate_task(synthetic_pool(seed=pool_seed), DLRM_NUM_TABLES, num_devices, scale, seed=TASK_SEED)
 
 
 # ---------------------------------------------------------------- plan
@@ -114,6 +116,30 @@ def price_with_shipped(pool_seed: int, num_devices: int, rows: dict[str, dict]) 
         rows[name] = {**rows[name], "model_sha256": sha, "predicted_ms": [round(d.fwd_compute + d.bwd_compute, 4) for d in devices]}
 
 
+def planned_row(row: dict, plan_one: Callable[[], tuple[Plan, dict]], priced: Callable[[Plan], tuple[Task, object]]) -> dict:
+    """``row`` completed by one planner's run: planning time, the 1-min load average before
+    and after, and either its plan (checked and priced per device by ``priced(plan)``'s task
+    and model) or how it failed. Printed as it ends."""
+    row = {**row, "load_before": round(os.getloadavg()[0], 2)}
+    t0 = time.perf_counter()
+    try:
+        plan, about = plan_one()
+        row["planning_s"] = round(time.perf_counter() - t0, 2)
+        task, model = priced(plan)
+        plan.validate(task)
+        _, devices = predicted_breakdown(model, task, plan)
+        row.update(
+            status="ok", note=about["note"], kinds=dict(Counter(p.kind.value for p in plan.placements)),
+            predicted_ms=[round(d.fwd_compute + d.bwd_compute, 4) for d in devices], plan=plan.to_dict(),
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - a planner failing is a result
+        row.setdefault("planning_s", round(time.perf_counter() - t0, 2))
+        row["status"] = f"no plan: {type(e).__name__}: {str(e)[:300]}"
+    row["load_after"] = round(os.getloadavg()[0], 2)
+    print(json.dumps({k: v for k, v in row.items() if k not in ("predicted_ms", "plan")}), flush=True)
+    return row
+
+
 def plan_all(
     num_devices: int, pool_seed: int, torchrec_timeout: int, planners: Sequence[str], model_path: str | None, measured_comm: bool = False
 ) -> None:
@@ -122,28 +148,13 @@ def plan_all(
     collectives by its model's own (gloo) comm, not the topology's links."""
     task, model = planning_model(num_devices, pool_seed, model_path, measured_comm)
     for name in planners:
-        row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, "load_before": round(os.getloadavg()[0], 2)}
+        row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name}
         if name.startswith("neuroshard"):
             row.update(
                 model=str(model_path or "shipped cpu.pt"), model_sha256=_sha256(Path(model_path) if model_path else PRETRAINED_DIR / "cpu.pt"),
                 comm="the model's (gloo)" if measured_comm else "the topology's links",
             )  # fmt: skip
-        t0 = time.perf_counter()
-        try:
-            plan, about = _plan_one(name, task, model, torchrec_timeout)
-            row["planning_s"] = round(time.perf_counter() - t0, 2)
-            plan.validate(task)
-            _, devices = predicted_breakdown(model, task, plan)
-            row.update(
-                status="ok", note=about["note"], kinds=dict(Counter(p.kind.value for p in plan.placements)),
-                predicted_ms=[round(d.fwd_compute + d.bwd_compute, 4) for d in devices], plan=plan.to_dict(),
-            )  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - a planner failing is a result
-            row.setdefault("planning_s", round(time.perf_counter() - t0, 2))
-            row["status"] = f"no plan: {type(e).__name__}: {str(e)[:300]}"
-        row["load_after"] = round(os.getloadavg()[0], 2)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("predicted_ms", "plan")}), flush=True)
-        append_rows(PLANNED, [row])
+        append_rows(PLANNED, [planned_row(row, lambda: _plan_one(name, task, model, torchrec_timeout), lambda plan: (task, model))])
 
 
 def keep(num_devices: int, pool_seed: int, planner: str, label: str) -> None:

@@ -18,12 +18,16 @@ except ImportError:  # the lab's measuring runs without TorchRec (test_layout): 
             self.error_type = error_type
             super().__init__(message)
 
+INPUT_VALIDATION = getattr(PlannerErrorType, "INPUT_VALIDATION", None) or PlannerErrorType.OTHER
+"""Bad input's error type: TorchRec's INPUT_VALIDATION, or OTHER on torchrec 1.6.1 (the lent
+GPUs' release, benchmarks/gpu/bundle.py), which has no INPUT_VALIDATION."""
+
 
 class ShardingError(ValueError, PlannerError):
     """A task, a plan or a TorchRec input that cannot be turned into a valid sharding: the
     package's one error type for bad input. Its message says what to change."""
 
-    def __init__(self, message: str, error_type: PlannerErrorType = PlannerErrorType.INPUT_VALIDATION) -> None:
+    def __init__(self, message: str, error_type: PlannerErrorType = INPUT_VALIDATION) -> None:
         PlannerError.__init__(self, message, error_type)
 
 

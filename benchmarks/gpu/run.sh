@@ -2,6 +2,7 @@
 # On a lent GPU machine, from the repository root: unpack .gpu/ (python -m benchmarks.gpu.bundle)
 # once per machine, then run the command with it, e.g.
 #   bash benchmarks/gpu/run.sh python3 -m torchrec_neuroshard.lab.measure_uvm --out "$OUT"
+# A whole lent session, prepared and dry-run tested: python3 benchmarks/gpu/session.py --budget-s 540 --out "$OUT"
 set -euo pipefail
 SITE=/tmp/neuroshard-site
 if [ ! -d "$SITE/fbgemm_gpu" ]; then

@@ -1,5 +1,5 @@
-"""The judge of plans: each device of every plan timed on this machine as DMP runs it,
-one device at a time, so that plans for many devices are compared on one.
+"""The judge of plans: each device of every plan timed on this machine (its CPU, or one GPU)
+as DMP runs it, one device at a time, so that plans for many devices are compared on one.
 
 A device's work in a plan: one fused TBE per sharding kind (its column shards over the
 global batch, its row blocks over their own rows' indices) and the plan's data-parallel
@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from torchrec_neuroshard.lab.evaluate import _local_lookups, device_kernel, group_shards, lookup_groups
+from torchrec_neuroshard.lab.evaluate import _local_lookups, device_kernel, group_shards, lookup_groups, on_kernels
 from torchrec_neuroshard.lab.measure_compute import Lookups, Step, build_kernel, dense_kernel, fused_step, replicated_step, time_forward_backward
 from torchrec_neuroshard.lab.training import spearman
 from torchrec_neuroshard.types import Plan, Task
@@ -59,39 +59,87 @@ def device_order(num_devices: int, pass_index: int) -> list[int]:
 
 
 class DeviceWork:
-    """What one device runs in one plan, built once: its fused kernels and its replicas."""
+    """What one device runs in one plan, built once on ``on`` (a CPU, or a GPU where each
+    shard sits where its table's kernel keeps it: ``build_kernel``): its fused kernels and
+    its replicas."""
 
-    def __init__(self, task: Task, plan: Plan, device: int) -> None:
-        self.task, self.device = task, device
-        groups, (replicated,) = lookup_groups(task, plan, [[t.name for t in task.tables]])
+    def __init__(self, task: Task, plan: Plan, device: int, on: torch.device = CPU) -> None:
+        self.task, self.device, self.on = on_kernels(task, plan), device, on
+        groups, (replicated,) = lookup_groups(self.task, plan, [[t.name for t in task.tables]])
         self.groups = [g for g in groups if g.shards[device]]
-        self.kernels = [build_kernel(group_shards(task, g, device), CPU) for g in self.groups]
-        self.replicas = [task.table(n) for n in replicated]
-        self.dense = dense_kernel(self.replicas, CPU) if self.replicas else None
+        self.kernels = [build_kernel(group_shards(self.task, g, device), on) for g in self.groups]
+        self.replicas = [self.task.table(n) for n in replicated]
+        self.dense = dense_kernel(self.replicas, on) if self.replicas else None
 
     def steps(self, lookups: Mapping[str, Lookups]) -> tuple[list[Step], list[Step]]:
         """(the fused kernels' steps, the replicas' step) on one draw's bags."""
         fused = []
         for group, kernel in zip(self.groups, self.kernels):
             shards, bags = device_kernel(self.task, group, self.device, lookups)
-            fused.append(fused_step(kernel, shards, bags, CPU))
+            fused.append(fused_step(kernel, shards, bags, self.on))
         if self.dense is None:
             return fused, []
         local = {t.name: _local_lookups(lookups[t.name], self.device, self.task.per_rank_batch) for t in self.replicas}
-        return fused, [replicated_step(self.dense, self.replicas, local, CPU)]
+        return fused, [replicated_step(self.dense, self.replicas, local, self.on)]
 
 
-def _time(steps: Sequence[Step], repeats: int) -> float:
+def _time(steps: Sequence[Step], repeats: int, on: torch.device) -> float:
     """ms of one round of ``steps``: each one untimed, then the median of ``repeats``, summed."""
-    return sum(time_forward_backward(*s, CPU, 1, repeats).total_ms for s in steps)
+    return sum(time_forward_backward(*s, on, 1, repeats).total_ms for s in steps)
+
+
+def resident_sets(task: Task, plans: Mapping[str, Plan], device: int, memory_bytes: float | None) -> list[list[str]]:
+    """The plans in sets whose work on ``device`` fits ``memory_bytes`` together (as TorchRec
+    counts a device's bytes, ``Plan.device_memory``), in order; one set when None."""
+    if memory_bytes is None:
+        return [list(plans)]
+    sets: list[list[str]] = []
+    used = memory_bytes
+    for name, plan in plans.items():
+        need = plan.device_memory(on_kernels(task, plan).tables, task.batch_size)[device]
+        if used + need > memory_bytes:
+            sets.append([])
+            used = 0
+        sets[-1].append(name)
+        used += need
+    return sets
 
 
 def time_device(
-    task: Task, plans: Mapping[str, Plan], device: int, draws: Sequence[Mapping[str, Lookups]], config: JudgeConfig, rotation: int = 0
+    task: Task,
+    plans: Mapping[str, Plan],
+    device: int,
+    draws: Sequence[Mapping[str, Lookups]],
+    config: JudgeConfig,
+    rotation: int = 0,
+    on: torch.device = CPU,
+    memory_bytes: float | None = None,
 ) -> list[dict]:
     """Every plan's work on ``device`` in ``config.rounds`` interleaved rounds per draw:
-    a row per (draw, plan) with the fused kernels' and the replicas' ms of each round."""
-    work = {name: DeviceWork(task, plan, device) for name, plan in plans.items()}
+    a row per (draw, plan) with the fused kernels' and the replicas' ms of each round.
+    Plans are built together as ``resident_sets`` allows, interleaved within a set (the
+    rows' ``set``); a set the GPU runs out of memory for is timed again plan by plan."""
+    rows: list[dict] = []
+    sets = resident_sets(task, plans, device, memory_bytes)
+    while sets:
+        names = sets.pop(0)
+        try:
+            rows += _time_set(task, {n: plans[n] for n in names}, device, draws, config, rotation, on, len(rows))
+        except torch.cuda.OutOfMemoryError:
+            if len(names) == 1:
+                raise
+            sets[:0] = [[n] for n in names]
+        finally:
+            if on.type == "cuda":
+                torch.cuda.empty_cache()  # the next set's kernels get the memory this one held
+    return rows
+
+
+def _time_set(
+    task: Task, plans: Mapping[str, Plan], device: int, draws: Sequence[Mapping[str, Lookups]], config: JudgeConfig, rotation: int, on: torch.device, set_id: int
+) -> list[dict]:
+    """``time_device``'s rounds over one set of plans built together."""
+    work = {name: DeviceWork(task, plan, device, on) for name, plan in plans.items()}
     names, rows = list(work), []
     for draw, lookups in enumerate(draws):
         steps = {name: w.steps(lookups) for name, w in work.items()}
@@ -100,9 +148,9 @@ def time_device(
         for r in range(config.rounds):
             start = (rotation + r) % len(names)
             for name in names[start:] + names[:start]:
-                fused[name].append(round(_time(steps[name][0], config.repeats), 4))
-                replicas[name].append(round(_time(steps[name][1], config.repeats), 4))
-        rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n]} for n in names]
+                fused[name].append(round(_time(steps[name][0], config.repeats, on), 4))
+                replicas[name].append(round(_time(steps[name][1], config.repeats, on), 4))
+        rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n], "set": set_id} for n in names]
     return rows
 
 
@@ -114,18 +162,22 @@ def judge_plans(
     done: Iterable[tuple[int, int]] = (),
     append: Callable[[list[dict]], None] = lambda rows: None,
     progress: Callable[[Iterable], Iterable] = lambda it: it,
+    on: torch.device = CPU,
+    memory_bytes: float | None = None,
+    devices: Sequence[int] | None = None,
 ) -> list[dict]:
-    """Time every device of ``plans`` by the protocol; each device's rows (with their
-    ``pass``) go to ``append`` as measured, a (pass, device) in ``done`` is skipped. Returns
-    the rows measured here."""
+    """Time every device of ``plans`` (or of ``devices``, a subset) by the protocol on ``on``;
+    each device's rows (with their ``pass``) go to ``append`` as measured, a (pass, device)
+    in ``done`` is skipped; ``progress`` may stop early (a budget). Returns the rows measured here."""
     if len(draws) != config.draws:
         raise ValueError(f"{len(draws)} draws of ids given for a JudgeConfig of {config.draws}")
     skip, out = set(done), []
-    visits = [(p, d) for p in range(config.passes) for d in device_order(task.num_devices, p)]
+    wanted = set(range(task.num_devices) if devices is None else devices)
+    visits = [(p, d) for p in range(config.passes) for d in device_order(task.num_devices, p) if d in wanted]
     for k, (p, d) in enumerate(progress(visits)):
         if (p, d) in skip:
             continue
-        rows = [{**row, "pass": p} for row in time_device(task, plans, d, draws, config, rotation=k)]
+        rows = [{**row, "pass": p} for row in time_device(task, plans, d, draws, config, k, on, memory_bytes)]
         append(rows)
         out += rows
     return out

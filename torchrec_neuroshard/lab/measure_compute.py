@@ -150,7 +150,7 @@ def build_kernel(
 def concat_lookups(per_shard: Sequence[Lookups], device: torch.device) -> Lookups:
     """Concatenate per-table bags into TBE's layout: indices, offsets of T*B+1 entries."""
     batch = per_shard[0][1].numel() - 1
-    indices, offsets, base = [], [torch.zeros(1, dtype=torch.int64)], 0
+    indices, offsets, base = [], [torch.zeros(1, dtype=torch.int64, device=per_shard[0][1].device)], 0  # bags may sit on the GPU already
     for idx, off in per_shard:
         if off.numel() - 1 != batch:
             raise ValueError("every table's bags must have the same batch size")
