@@ -202,6 +202,21 @@ def _embedding_cost(
     return model.embedding_cost(fwd, bwd, dims)[1]
 
 
+def group_comm(model: CostModel, now: _Devices, worst: int, g_dst: np.ndarray, g_moved: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of G groups (a destination, the columns moved there from ``worst``): every
+    device's wait-free comm [G, D] after the move, and the latest backward + comm [G] of the
+    devices the move leaves alone."""
+    rows = np.arange(len(g_dst))
+    dims = np.repeat(now.dims[None], len(rows), 0)  # [G, D]
+    dims[:, worst] -= g_moved
+    dims[rows, g_dst] += g_moved
+    comm = _comm_without_wait(model, dims, now.base[:, 0]).sum(2)  # [G, D]
+    late = now.base[None, :, 1] + comm  # [G, D] backward + comm
+    late[:, worst] = -np.inf
+    late[rows, g_dst] = -np.inf
+    return comm, late.max(1)
+
+
 def _two_device_cost(
     model: CostModel, now: _Devices, worst: int, dst: np.ndarray, new_worst: np.ndarray, new_dst: np.ndarray, delta_w: np.ndarray
 ) -> np.ndarray:
@@ -214,15 +229,8 @@ def _two_device_cost(
     the rest of the comm is priced at the skews as they stand (``_comm_without_wait``)."""
     span = 2 * int(np.abs(delta_w).max()) + 1  # columns moved are whole numbers
     codes, inverse = np.unique(dst * span + (delta_w.astype(np.int64) + span // 2), return_inverse=True)  # [G], [n]
-    g_dst, g_moved, rows = codes // span, codes % span - span // 2, np.arange(len(codes))
-    dims = np.repeat(now.dims[None], len(rows), 0)  # [G, D]
-    dims[:, worst] -= g_moved
-    dims[rows, g_dst] += g_moved
-    comm = _comm_without_wait(model, dims, now.base[:, 0]).sum(2)  # [G, D]
-    late = now.base[None, :, 1] + comm  # [G, D] backward + comm
-    late[:, worst] = -np.inf
-    late[rows, g_dst] = -np.inf
-    back = np.maximum(np.maximum(new_worst[:, 1] + comm[inverse, worst], new_dst[:, 1] + comm[inverse, dst]), late.max(1)[inverse])
+    comm, late = group_comm(model, now, worst, codes // span, codes % span - span // 2)
+    back = np.maximum(np.maximum(new_worst[:, 1] + comm[inverse, worst], new_dst[:, 1] + comm[inverse, dst]), late[inverse])
     fwd = now.base[:, 0].copy()  # [D]
     fwd[worst] = -np.inf
     order = np.argsort(fwd)[::-1]  # the latest forward first

@@ -243,7 +243,7 @@ def _comm_groups(model: CostModel, now, worst: int, pieces: list) -> tuple[_Grou
     candidates (the same groups in the same order, so the comm model prices the same
     batch), and the span of their codes (any span over all the columns moved orders the
     groups alike)."""
-    from torchrec_neuroshard.search.local import _comm_without_wait
+    from torchrec_neuroshard.search.local import group_comm
 
     most = [int(np.abs(p.moved).max(initial=0)) if isinstance(p, _Moves) else p.most_moved() for p in pieces]
     span = 2 * max(most) + 1
@@ -251,12 +251,5 @@ def _comm_groups(model: CostModel, now, worst: int, pieces: list) -> tuple[_Grou
     for p in pieces:  # the moves: each its own destination; a block of swaps: one
         present[(p.dst * span + (p.moved if isinstance(p, _Moves) else p.distinct_moved())) + span // 2] = True
     codes = np.flatnonzero(present)  # [G] sorted, as np.unique gives them
-    g_dst, g_moved, rows = codes // span, codes % span - span // 2, np.arange(len(codes))
-    dims = np.repeat(now.dims[None], len(rows), 0)  # [G, D]
-    dims[:, worst] -= g_moved
-    dims[rows, g_dst] += g_moved
-    comm = _comm_without_wait(model, dims, now.base[:, 0]).sum(2)  # [G, D]
-    late = now.base[None, :, 1] + comm  # [G, D] backward + comm
-    late[:, worst] = -np.inf
-    late[rows, g_dst] = -np.inf
-    return _Groups(np.cumsum(present) - 1, comm, late.max(1)), span
+    comm, late = group_comm(model, now, worst, codes // span, codes % span - span // 2)
+    return _Groups(np.cumsum(present) - 1, comm, late), span
