@@ -71,7 +71,7 @@ def test_our_estimator_inside_torchrecs_planner_does_not_replicate_every_table()
 
 @pytest.mark.dmp
 def test_the_demo_trains_dlrm_under_each_planners_plan_on_two_gloo_ranks() -> None:
-    """``make demo``'s example, with fewer steps: both planners' plans hold all 16 tables and
+    """``make dlrm``'s example, with fewer steps: both planners' plans hold all 16 tables and
     each planner gets a samples/s figure on each rank."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     out = _run(torchrun, "--standalone", "--nproc_per_node", "2", "examples/dlrm_torchrun.py", "--planner", "neuroshard,torchrec", "--steps", "2", "--warmup", "1")
@@ -79,3 +79,27 @@ def test_the_demo_trains_dlrm_under_each_planners_plan_on_two_gloo_ranks() -> No
         plan = out.split(f"== {name} plan")[1].split("\n\n")[0]
         assert len(re.findall(r"\bt\d+\[64\]", plan)) == 16, plan
         assert re.search(rf"^{name}\s+\d+ \(\d+-\d+\)\s+\d+ \(\d+-\d+\)$", out, re.M), out
+
+
+@pytest.mark.measure
+def test_the_demo_times_every_device_of_each_plan_and_draws_them(tmp_path: Path) -> None:
+    """``make demo``'s example on a small task: a row per planner, NeuroShard's ratio to
+    itself 1, a bar per device for NeuroShard, TorchRec and the faster heuristic, each
+    planner's compute its slowest device's bar (marked), and the chart as a PNG."""
+    png = tmp_path / "chart.png"
+    out = _run(sys.executable, "examples/compare_plans.py", "--tables", "24", "--devices", "4", "--draws", "1", "--rounds", "1", "--png", str(png))
+    rows = {name: (float(compute), ratio) for name, compute, ratio in re.findall(r"^\| (\w+) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| ([\d.]+) ", out, re.M)}
+    assert set(rows) == {"neuroshard", "torchrec", "lookup", "size_lookup"}, out
+    assert rows["neuroshard"][1] == "1.000", out
+    bars: dict[str, list[float]] = {}
+    slowest: dict[str, list[float]] = {}
+    for name, ms, mark in re.findall(r"^(?:dev\s+\d+|\s+)\s+(\w+)\s+#+\s+([\d.]+) ms\s+\(predicted\s+[\d.]+\)( <- slowest)?$", out, re.M):
+        bars.setdefault(name, []).append(float(ms))
+        if mark:
+            slowest.setdefault(name, []).append(float(ms))
+    heuristic = min(("lookup", "size_lookup"), key=lambda n: rows[n][0])
+    assert set(bars) == {"neuroshard", "torchrec", heuristic}, out
+    for name, per_device in bars.items():
+        assert len(per_device) == 4, out
+        assert max(per_device) == rows[name][0] and slowest[name][0] == rows[name][0], out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
