@@ -48,6 +48,7 @@ from torchrec_neuroshard.types import (
     DeviceCost,
     Plan,
     Shard,
+    ShardingError,
     ShardingKind,
     TablePlacement,
     TableSpec,
@@ -195,6 +196,19 @@ def data_parallel_ms(
     }
 
 
+def _check_replicates(collectives: Collectives, replicated: Sequence[TableSpec]) -> None:
+    """Refuse pricing replicas the model cannot price (never a free data-parallel table)."""
+    if collectives.replicates():
+        return
+    names = ", ".join(sorted(t.name for t in replicated)[:5])
+    raise ShardingError(
+        f"{len(replicated)} data-parallel table(s) ({names}) but the cost model prices no replicas: it has no "
+        f"{' / '.join(DATA_PARALLEL_KERNELS)} step parts or cannot price the all-reduce (no links). Measure them "
+        "(`neuroshard collect step --kinds dp dp_small dp_many`, then `python -m torchrec_neuroshard.lab.refit_steps`) "
+        "or constrain these tables to other sharding_types"
+    )
+
+
 def data_parallel_fixed_ms(model: CostModel, task: Task) -> dict[str, float]:
     """What replicating any tables at all costs every rank, per module, before a byte of
     them: the dense kernel's fixed forward and backward and the all-reduce's
@@ -250,7 +264,8 @@ def _module_step(model: CostModel, task: Task, plan: Plan, embed: Embedder | Non
     # data-parallel: the same dense kernel and all-reduce on every rank
     zeros = np.zeros(world)
     out["dp_fwd"] = out["dp_bwd"] = out["all_reduce"] = zeros
-    if replicated and collectives.replicates():
+    if replicated:
+        _check_replicates(collectives, replicated)
         for name, ms in data_parallel_ms(parts, replicated, task.batch_size, world, collectives.links).items():
             out[name] = np.full(world, ms)
 
