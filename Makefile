@@ -79,6 +79,8 @@ model: venv
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/intel_xeon_compute.jsonl.gz \
 		torchrec_neuroshard/lab/data/intel_xeon_comm_d2.jsonl.gz --cores 2 \
 		--out torchrec_neuroshard/pretrained/intel_xeon.pt
+	$(BIN)/python -m torchrec_neuroshard.lab.refit_steps --model torchrec_neuroshard/pretrained/intel_xeon.pt \
+		--data torchrec_neuroshard/lab/data/intel_xeon_step_dp.jsonl.gz --out torchrec_neuroshard/pretrained/intel_xeon.pt
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/h200_compute.jsonl.gz \
 		torchrec_neuroshard/lab/data/h200_compute_seed5.jsonl.gz torchrec_neuroshard/lab/data/h200_compute_fp16.jsonl.gz \
 		torchrec_neuroshard/lab/data/h200_compute_sequence.jsonl.gz \

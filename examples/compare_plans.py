@@ -24,6 +24,7 @@ links, which NeuroShard prices from the ``Topology`` (as TorchRec's estimator do
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -47,7 +48,7 @@ from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, WorkloadScale
 from torchrec_neuroshard.search import predicted_breakdown
 from torchrec_neuroshard.sharding import from_torchrec
 from torchrec_neuroshard.tables import module_for_tables
-from torchrec_neuroshard.types import Plan, Task
+from torchrec_neuroshard.types import Links, Plan, Task
 
 HEURISTICS = ("lookup", "size_lookup")
 BAR_WIDTH = 40
@@ -185,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("torchrec_neuroshard").setLevel(logging.WARNING)  # ours: which model, tables it was not trained on
     task = generate_task(synthetic_pool(seed=args.pool), args.tables, args.devices, WorkloadScale(), seed=args.seed)
     topology = topology_for(task, "cpu")
+    task = dataclasses.replace(task, links=Links.of(topology))  # predictions price collectives on the topology's links
     model = priced_by_links(cost_model_for(topology), topology).with_batch_size(task.batch_size)  # the shipped model for this machine
     title = f"{args.tables} tables of held-out pool {args.pool} on {args.devices} emulated devices, global batch {task.batch_size}"
     print(f"{title}\nNeuroShard's cost model: the shipped one measured on {model.hardware.name} ({model.hardware.cores} cores)", flush=True)
