@@ -286,8 +286,8 @@ def plan_mixed_and_compare(rank: int, world_size: int, planner_name: str, plan_d
     torch.manual_seed(0)
     model = MixedModules(weighted=weighted)
     topology = Topology(world_size=world_size, compute_device="cpu", ddr_cap=64 * 2**20, local_world_size=world_size)
-    planner_cls = NeuroShardPlanner if planner_name == "neuroshard" else EmbeddingShardingPlanner
-    planner = planner_cls(topology=topology, batch_size=8)
+    # the CPU model that learned sequence kernels, whatever this machine's (intel_xeon.pt did not)
+    planner = NeuroShardPlanner(topology, 8, cost_model="cpu") if planner_name == "neuroshard" else EmbeddingShardingPlanner(topology, 8)
     # TorchRec shards managed-collision collections on CUDA only: on CPU it stays whole
     sharders = [s for s in get_default_sharders() if "ManagedCollision" not in type(s).__name__]
     if plan_dict is None:

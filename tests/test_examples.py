@@ -71,13 +71,15 @@ def test_our_estimator_inside_torchrecs_planner_does_not_replicate_every_table()
 
 @pytest.mark.dmp
 def test_the_demo_trains_dlrm_under_each_planners_plan_on_two_gloo_ranks() -> None:
-    """``make dlrm``'s example, with fewer steps: both planners' plans hold all 16 tables and
-    each planner gets a samples/s figure on each rank."""
+    """``make dlrm``'s example, with fewer steps: both planners' plans hold all 16 tables
+    (sharded, or data-parallel) and each planner gets a samples/s figure on each rank."""
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     out = _run(torchrun, "--standalone", "--nproc_per_node", "2", "examples/dlrm_torchrun.py", "--planner", "neuroshard,torchrec", "--steps", "2", "--warmup", "1")
     for name in ("neuroshard", "torchrec"):
         plan = out.split(f"== {name} plan")[1].split("\n\n")[0]
-        assert len(re.findall(r"\bt\d+\[64\]", plan)) == 16, plan
+        replicated = re.findall(r"^data parallel: (.*)$", plan, re.M)
+        tables = {*re.findall(r"\b(t\d+)\[64\]", plan), *(replicated[0].split() if replicated else [])}
+        assert len(tables) == 16, plan
         assert re.search(rf"^{name}\s+\d+ \(\d+-\d+\)\s+\d+ \(\d+-\d+\)$", out, re.M), out
 
 

@@ -22,7 +22,7 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -35,7 +35,7 @@ from torchrec_neuroshard.lab.dmp_model import StepConfig, StepModel, local_batch
 from torchrec_neuroshard.lab.launch import default_device, spawn
 from torchrec_neuroshard.lab.measure_compute import Clock, Lookups, Timing
 from torchrec_neuroshard.lab.planners import CALIBRATED, CalibratedModel
-from torchrec_neuroshard.types import ShardingError, Task
+from torchrec_neuroshard.types import Links, ShardingError, Task
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import ShardingPlan
@@ -72,11 +72,12 @@ def plan_task(
     from torchrec.distributed.planner.types import PlannerError
 
     from torchrec_neuroshard.lab.planners import plan_task as plan_ours
-    from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
+    from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan, topology_for
     from torchrec_neuroshard.sharding import from_torchrec, to_torchrec
 
-    task = with_ebcs(task, config)
     device_type = default_device().type
+    # the links NeuroShardPlanner reads off the Topology: collectives the model has not measured priced on them
+    task = replace(with_ebcs(task, config), links=Links.of(topology_for(task, device_type)))
     model = StepModel(task, config, torch.device("cpu"))
     cost_model = pretrained_for(device_type)  # the shipped model for this machine (main() checks it)
     plans, failures, fits = {}, {}, {}
