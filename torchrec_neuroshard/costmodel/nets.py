@@ -232,7 +232,7 @@ class KernelNet:
         (``kernel_size_warning`` says when that happens)."""
         lifted, extra, count = pooled[:, :-3], pooled[:, -3:-1], pooled[:, -1:]  # [N, hidden], [N, 2], [N, 1]
         trained = self.max_tables_per_kernel
-        if trained and (count > trained).any():
+        if trained and count.max(initial=0.0) > trained:
             stretch = np.maximum(count / trained, 1.0)
             out = np.exp(self._rest_of_head(lifted / stretch)) * stretch + extra
         else:  # every kernel within the trained size (the search's hot path)
@@ -241,10 +241,15 @@ class KernelNet:
 
     def _rest_of_head(self, lifted: np.ndarray) -> np.ndarray:
         """The head's log ms [N, 2] from its first layer's output without bias [N, hidden]."""
-        bias = self.head[0][1]  # [hidden]
+        bias, zeros = self.head[0][1], self._zero_row  # [hidden] each
         x = lifted + bias  # [N, hidden]
-        np.maximum(x, np.zeros_like(bias), out=x)  # ReLU; against a row of zeros: faster than a scalar 0 (the search's hot path)
+        np.maximum(x, zeros, out=x)  # ReLU; against a row of zeros: faster than a scalar 0 (the search's hot path)
         return numpy_mlp(self.head[1:], x)
+
+    @cached_property
+    def _zero_row(self) -> np.ndarray:
+        """[hidden] zeros of the head's dtype, the ReLU's floor (made once: the greedy calls it every step)."""
+        return np.zeros_like(self.head[0][1])
 
     @property
     def width(self) -> int:

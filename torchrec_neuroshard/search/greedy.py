@@ -76,15 +76,15 @@ class Placements:
         placed = np.take(self.sums, cells, axis=0)  # [M, E] (take: faster than fancy indexing here)
         placed += emb
         self.sums[cells] = placed
-        self.dims.reshape(-1)[cells] += width.astype(np.int32)
+        self.dims.reshape(-1)[cells] += width.astype(np.int32, copy=False)
         mem = self.mem.reshape(-1)
         mem[cells] += size
         p = cells // self.fwd.shape[1]
         self.mem_max[p] = np.maximum(self.mem_max[p], mem[cells])
-        cost = model.device_cost(placed)  # [M, 2]
-        fwd, bwd, load = (a.reshape(-1) for a in (self.fwd, self.bwd, self.load))
-        fwd[cells], bwd[cells] = cost[:, 0], cost[:, 1]
-        load[cells] = fwd[cells] + bwd[cells]
+        cost = model.device_cost(placed).astype(np.float64, copy=False)  # [M, 2]
+        fwd, bwd = cost[:, 0], cost[:, 1]
+        self.fwd.reshape(-1)[cells], self.bwd.reshape(-1)[cells] = fwd, bwd
+        self.load.reshape(-1)[cells] = fwd + bwd
 
     def fits(self, p: np.ndarray, device: np.ndarray, dim_room: np.ndarray, mem_room: np.ndarray) -> np.ndarray:
         """[M]: whether device ``device`` of placement ``p`` has dims <= ``dim_room`` and
@@ -115,6 +115,8 @@ def greedy_runs(
     D = task.num_devices
     cap = np.repeat(np.asarray(caps if caps is not None else [task.memory_cap_bytes] * len(states), dtype=np.float64), len(scales))
     order, dim_cap, length = _run_orders(keys, states, scales, D)
+    dim_cap = _whole_columns(dim_cap)  # [R] int64: the dim sums compare as whole numbers
+    width = keys.width.astype(np.int32)  # [K] whole columns, as the dim sums hold them
     smax, R = order.shape
     reserved = np.asarray(task.reserved if reserved is None else reserved, dtype=np.float64)  # [D]
     # placement 0: the start of every run; runs parting from their placement take new ones (<= R)
@@ -138,7 +140,7 @@ def greedy_runs(
         if not a.size:
             break
         p, kk = placement[a], order[k, a]
-        dim_room, mem_room = dim_cap[a] - keys.width[kk], cap[a] - keys.size[kk]
+        dim_room, mem_room = dim_cap[a] - width[kk], cap[a] - keys.size[kk]
         device, decided = _choose_devices(held, n_held, p, kk, dim_room, mem_room, shared, reserved)
         dead = device < 0
         if dead.any():
@@ -150,7 +152,7 @@ def greedy_runs(
             n_held = _part(held, n_held, placement, a, p, kk * D + device, decided)
             p, kk, device = _one_run_per_placement(n_held, placement[a], kk, device)
             shared = len(p) < len(a)
-        held.place(model, p * D + device, keys.emb[kk], keys.width[kk], keys.size[kk])
+        held.place(model, p * D + device, keys.emb[kk], width[kk], keys.size[kk])
     return Runs(_totals(model, died_at < 0, end_fwd, end_bwd, end_dims), assign.T, order.T, died_at, free_at_death)
 
 
@@ -163,13 +165,32 @@ def _totals(model: CostModel, alive: np.ndarray, fwd: np.ndarray, bwd: np.ndarra
     return total
 
 
+_NO_ROOM = np.iinfo(np.int64).min
+"""Room of a placement no run is on, for integer dim rooms (-inf for float ones)."""
+
+
+def _filled(n: int, value: float, dtype: type | np.dtype) -> np.ndarray:
+    """[n] of ``value``: ``np.full``, without its Python-level overhead (five a greedy step)."""
+    out = np.empty(n, dtype=dtype)
+    out.fill(value)
+    return out
+
+
+def _whole_columns(dim_cap: np.ndarray) -> np.ndarray:
+    """[R] int64 the dim caps ``dim_cap`` [R] rounded down, within the greedy's int32 dim
+    sums' range: a dim sum of whole columns plus a shard's fits ``cap`` exactly when it fits
+    ``floor(cap)``, so each step's room is one integer subtraction."""
+    info = np.iinfo(np.int32)
+    return np.minimum(np.maximum(np.floor(dim_cap), info.min), info.max).astype(np.int64)
+
+
 def _one_run_per_placement(
     n_held: int, placement: np.ndarray, shard: np.ndarray, device: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Of A runs on placements ``placement`` [A] placing ``shard`` on ``device`` [A]: each
     placement in use once, in order [P], and the shard and device of one of its runs [P],
     which places the shard for all of them."""
-    run_of = np.full(n_held, -1)  # [n_held]
+    run_of = _filled(n_held, -1, np.int64)  # [n_held]
     run_of[placement] = np.arange(len(placement))
     p = (run_of >= 0).nonzero()[0]
     return p, shard[run_of[p]], device[run_of[p]]
@@ -214,15 +235,15 @@ def _choose_devices(
     the same choice when both the chosen device and the first least-loaded one fit it (the
     least load and its ties among the devices the run may use are then the same); any
     other run decides alone."""
-    most_dim = np.full(n_held, -np.inf)  # [n_held]; -inf: placement not in use
-    most_mem = np.full(n_held, -np.inf)
+    most_dim = _filled(n_held, _NO_ROOM if dim_room.dtype.kind == "i" else -np.inf, dim_room.dtype)  # [n_held]; least: placement not in use
+    most_mem = _filled(n_held, -np.inf, np.float64)
     if not shared:  # one run per placement
         most_dim[p], most_mem[p] = dim_room, mem_room
         device, _ = _least_loaded_with_room(
             held.load[:n_held], held.dims[:n_held], held.mem[:n_held], most_dim, most_mem, held.mem_max[:n_held], reserved
         )
         return device[p], np.ones(len(p), dtype=bool)
-    deciding = np.full(n_held, -1)  # [n_held] the shard each placement decides for
+    deciding = _filled(n_held, -1, np.int64)  # [n_held] the shard each placement decides for
     deciding[p] = shard
     same = shard == deciding[p]  # [A]
     np.maximum.at(most_dim, p[same], dim_room[same])
@@ -252,7 +273,7 @@ def _part(
     decision) go on sharing it; the others, grouped by placement and move, move to copies
     of it, but for the first such group of a placement no run kept, which takes the
     placement itself. Sets ``placement`` [R] of the runs; returns how many are held."""
-    kept = np.full(n_held, -1)  # [n_held] the move each placement makes, -1: none yet
+    kept = _filled(n_held, -1, np.int64)  # [n_held] the move each placement makes, -1: none yet
     kept[p[decided]] = move[decided]
     other = (kept[p] != move).nonzero()[0]
     if not other.size:
@@ -293,7 +314,7 @@ def _least_loaded_with_room(
     argmin finds the least device, a second one whether another is within the tolerance;
     only those placements compare memory."""
     rows = np.arange(len(load))
-    if dims.dtype.kind in "iu":  # integers (ufuncs: np.clip costs more than the comparisons)
+    if dims.dtype.kind in "iu" and dim_room.dtype.kind == "f":  # integers (ufuncs: np.clip costs more than the comparisons)
         info = np.iinfo(dims.dtype)
         dim_room = np.minimum(np.maximum(np.floor(dim_room), info.min), info.max).astype(dims.dtype)
     blocked = dims > dim_room[:, None]  # [G, D]
