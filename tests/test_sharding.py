@@ -58,6 +58,29 @@ def test_module_without_ebc_is_a_clear_error() -> None:
         to_torchrec(UNEVEN, torch.nn.Linear(2, 2))
 
 
+# The narrowest column shards the search makes (WIDTH_ALIGNMENT, 4 columns; TorchRec's
+# enumerator never makes shards under its 128-column MIN_CW_DIM unless min_partition asks):
+# b1 (dim 8) as 4 + 4 on both ranks, a1 (16) as 4 + 4 + 8 with two on rank 1, a0 (64) as 4 + 60.
+NARROWEST = Plan(
+    (
+        TablePlacement("a0", (4, 60), (1, 0)),
+        TablePlacement("a1", (4, 4, 8), (1, 0, 1)),
+        TablePlacement("b0", (32,), (0,)),
+        TablePlacement("b1", (4, 4), (0, 1)),
+    ),
+    num_devices=2,
+)
+
+
+@pytest.mark.dmp
+def test_the_narrowest_column_shards_we_make_run_under_dmp_and_match_the_unsharded_model() -> None:
+    from torchrec_neuroshard.types.table import WIDTH_ALIGNMENT
+
+    assert min(w for p in NARROWEST.placements for w in p.widths) == WIDTH_ALIGNMENT
+    for r in spawn(shard_and_compare, 2, NARROWEST.to_dict()):
+        assert r["max_err"] < 1e-5
+        assert r["changed"] == r["shards"] > 0
+
 # Every kind a Plan records, over two plans of the same model (2 ranks, one host).
 KINDS_A = Plan(
     (
