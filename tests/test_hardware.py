@@ -127,7 +127,7 @@ def test_a_model_priced_by_the_links_keeps_its_kernels_and_prices_every_collecti
     from torchrec_neuroshard.costmodel.shipped import priced_by_links
 
     topology = Topology(world_size=8, compute_device="cpu", local_world_size=8)
-    measured = cost_model_for(topology)
+    measured = cost_model_for(topology, "cpu")  # the AMD EPYC model, whose comm and collectives were measured
     assert isinstance(measured.comm, NeuralComm) and {"all_reduce", "input_dist", "dp_fwd"} <= set(measured.step_parts.to_dict())
     linked = priced_by_links(measured, topology)
     assert isinstance(linked.comm, AlphaBetaComm) and linked.comm.intra_host_bw == float(topology.intra_host_bw)

@@ -106,7 +106,7 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
 
     # big is 1000 x 16 x 4 = 64,000 bytes of weights, 65,152 with the buffers of a global
     # batch of 16; each rank has 40,000
-    planner = NeuroShardPlanner(topology(2, 40_000), batch_size=8, storage_reservation=0.0)
+    planner = NeuroShardPlanner(topology(2, 40_000), batch_size=8, storage_reservation=0.0, cost_model="cpu")
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         plan = planner.plan(model(), ROW_WISE_SHARDERS)
     assert plan.plan[""]["big"].sharding_type == "row_wise"
@@ -122,7 +122,7 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
     assert planner.search_result_.predicted_cost_ms == pytest.approx(priced.cost_ms)
     assert min(priced.parts["reduce_scatter"]) > 0 and min(priced.parts["row_fwd"]) > 0
     strict = NeuroShardPlanner(
-        topology(2, 40_000), batch_size=8, storage_reservation=0.0,
+        topology(2, 40_000), batch_size=8, storage_reservation=0.0, cost_model="cpu",
         constraints={"big": ParameterConstraints(sharding_types=["table_wise"])},
     )
     with pytest.raises(ShardingError, match=r"table 'big' \(65,152 bytes\) is larger than one rank's memory.*allow only \['table_wise'\]"):
@@ -156,12 +156,12 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
 def test_batch_size_other_than_the_models_is_priced_and_logged(caplog) -> None:
     task = generate_task(synthetic_pool(), 10, 2, WorkloadScale(), seed=4)
     module = module_for_tables(task.tables)
-    small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=512)
+    small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=512, cost_model="cpu")  # learned the batch
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         small.plan(module, SHARDERS)
     assert "global batch 1024 (per-rank 512 x 2 ranks): compute priced by its net (learned at 256-" in caplog.text
     assert "comm scaled linearly from 4,096" in caplog.text
-    big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=2048)
+    big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=2048, cost_model="cpu")
     big.plan(module, SHARDERS)
     # the kernels of one plan cost less at a quarter of the batch: how much less the net
     # learned (linear scaling said exactly 0.25; the step's fixed latencies do not scale)
@@ -330,8 +330,8 @@ def test_dtypes_the_kernel_or_the_model_never_saw_are_clear_errors() -> None:
             device=torch.device("meta"),
         )
 
-    # the shipped CPU model learned fp16 pooled kernels: an fp16 bag table is planned
-    planner = NeuroShardPlanner(topology())
+    # the shipped CPU model (cpu.pt) learned fp16 pooled kernels: an fp16 bag table is planned
+    planner = NeuroShardPlanner(topology(), cost_model="cpu")
     planner.plan(model(DataType.FP16), SHARDERS)
     assert planner.task_.tables[0].bytes_per_element == 2
     # a kernel a model never saw at that dtype is refused, not mispredicted, for every caller
