@@ -32,7 +32,7 @@ STEP_SUITES = ("step_suite_batchnet", "step_suite_calibrated")
 RENDERED = {
     *(f"{n}.md" for n in (*DMP_STEP, *STEP_SUITES)),
     *("batch_curve.md", "fullsize.md", "gpu_compute.md", "scale.md", "search_speed_full.md"),
-    *("uvm.md", "uvm_gpu.md", "validate_evaluator.md"),
+    *("uvm.md", "uvm_gpu.md", "validate_evaluator.md", "vs_torchrec_objective.md"),
 }
 NOT_RENDERED = {
     *("costmodel.md", "costmodel_h200.md", "costmodel_one_session.md", "transfer.md", "device_kernels.md"),
@@ -81,11 +81,12 @@ def test_validate_evaluator_report_and_summary() -> None:
 
 
 def test_planning_reports() -> None:
-    from benchmarks import fullsize, search_speed_report, uvm
+    from benchmarks import fullsize, search_speed_report, uvm, vs_torchrec_objective
 
     assert_in_report("fullsize.md", fullsize.report(read_rows(RESULTS / "fullsize.jsonl")))
     assert_in_report("search_speed_full.md", search_speed_report.report(read_rows(RESULTS / "search_speed_full.jsonl")))
     assert_in_report("uvm.md", uvm.body(read_rows(RESULTS / "uvm.jsonl")))
+    assert_in_report("vs_torchrec_objective.md", vs_torchrec_objective.report(read_rows(RESULTS / "vs_torchrec_objective.jsonl")))
 
 
 def test_gpu_measured_reports() -> None:

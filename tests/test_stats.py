@@ -45,3 +45,46 @@ def test_a_replicated_tables_perf_is_its_own_and_the_fixed_cost_is_shown_once(ca
         assert abs(cost.total - added) < 1e-6
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("replicated tables:")]
     assert len(lines) == 1 and f"{fixed.total:.3f} ms a rank fixed per module with any" in lines[0] and "1 module(s)" in lines[0]
+
+
+def _four_tables() -> EmbeddingBagCollection:
+    configs = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=64, num_embeddings=100_000, feature_names=[f"f{i}"]) for i in range(4)
+    ]
+    return EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+
+
+def test_an_empty_device_beside_a_crowded_one_is_logged_with_the_models_price_of_filling_it(caplog, monkeypatch) -> None:
+    """A plan with device 3 empty and two whole tables on device 0 (the search's plan
+    rearranged): one line names them and the model's price of moving one of device 0's
+    tables to device 3, as predict_step prices that plan; a plan with no empty device, none."""
+    from dataclasses import replace
+
+    from torchrec_neuroshard import planner as planner_module
+    from torchrec_neuroshard.stats import empty_device_line
+    from torchrec_neuroshard.stepcost import predict_step
+    from torchrec_neuroshard.types import Plan, TablePlacement
+
+    searched = planner_module.search
+
+    def crowded(task, *args, **kwargs):
+        result = searched(task, *args, **kwargs)
+        whole = tuple(TablePlacement(f"t{i}", (64,), (device,)) for i, device in enumerate((0, 0, 1, 2)))
+        return replace(result, plan=Plan(whole, task.num_devices))
+
+    gpus = Topology(world_size=4, compute_device="cuda", local_world_size=4)
+    planner = NeuroShardPlanner(gpus, 512)
+    planner.plan(_four_tables(), SHARDERS)
+    assert empty_device_line(planner._model, planner.task_, planner.plan_) is None  # its own plan fills every device
+    monkeypatch.setattr(planner_module, "search", crowded)
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
+        planner.plan(_four_tables(), SHARDERS)
+    lines = [r for r in caplog.records if "devices empty" in r.getMessage()]
+    assert len(lines) == 1
+    model, task, plan = planner._model.with_batch_size(planner.task_.batch_size), planner.task_, planner.plan_
+    moved = [Plan(tuple(replace(p, devices=(3,)) if p.table == name else p for p in plan.placements), 4) for name in ("t0", "t1")]
+    best = min(predict_step(model, task, m).cost_ms for m in moved)
+    message = lines[0].getMessage()
+    assert "leaves 1 of 4 devices empty (first: 3); 1 device(s) hold two or more shards (the priciest, device 0, holds 2" in message
+    assert f"to device 3 at {best:.3f} ms a step, the plan at {predict_step(model, task, plan).cost_ms:.3f} ms" in message
+    assert (lines[0].levelno == logging.WARNING) == (best < predict_step(model, task, plan).cost_ms)

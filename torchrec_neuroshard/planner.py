@@ -59,6 +59,7 @@ from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
 from torchrec_neuroshard.stats import (
+    empty_device_line,
     format_plan_stats,
     log_stats,
     replica_overhead_line,
@@ -310,6 +311,9 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         crowded = kernel_size_warning(model, self.plan_.kernel_sizes(task.tables, task.modules))
         for warning in filter(None, (outside, crowded)):
             logger.warning("%s", warning)
+        empty = empty_device_line(self._model, task, self.plan_)
+        if empty is not None:
+            logger.log(logging.WARNING if empty[1] else logging.INFO, "%s", empty[0])
         if self._overran is not None:
             logger.warning(
                 "planning budget timeout_seconds=%g ran out (%.2f s): the stages past it refined no further (no more "

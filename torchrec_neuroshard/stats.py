@@ -195,6 +195,49 @@ def replica_overhead_line(model: CostModel, task: Task, plan: Plan) -> str:
     )
 
 
+def empty_device_line(model: CostModel, task: Task, plan: Plan) -> tuple[str, bool] | None:
+    """(a line, whether the model prices the empty device's option below the plan) when
+    ``plan`` leaves a device holding no shard (a replica on every rank is none) while
+    another holds two or more; None else. The option priced (``stepcost.predict_step``):
+    each whole (table-wise) table of the priciest crowded device moved to the first empty
+    one, the cheapest of those moves; a device holding no whole table has no option priced."""
+    from torchrec_neuroshard.stepcost import predict_step
+
+    shards = [0] * plan.num_devices  # [D] shards (table-wise, column or row) on each device
+    for p in plan.placements:
+        if p.kind is not ShardingKind.DATA_PARALLEL:
+            for device in p.devices:
+                shards[device] += 1
+    empty = [d for d, n in enumerate(shards) if n == 0]
+    crowded = [d for d, n in enumerate(shards) if n >= 2]
+    if not empty or not crowded:
+        return None
+    model = model.with_batch_size(task.batch_size)
+    planned = predict_step(model, task, plan)
+    priciest = max(crowded, key=lambda d: planned.devices[d].total)
+    said = (
+        f"the plan leaves {len(empty)} of {plan.num_devices} devices empty (first: {empty[0]}); {len(crowded)} device(s) hold two "
+        f"or more shards (the priciest, device {priciest}, holds {shards[priciest]}: {planned.devices[priciest].total:.3f} ms)"
+    )
+    moves = [p for p in plan.placements if p.kind is ShardingKind.TABLE_WISE and p.devices == (priciest,)]
+    if not moves:
+        return f"{said}; it holds no whole table to move, so no option is priced", False
+    priced = {p.table: predict_step(model, task, _moved(plan, p, empty[0])).cost_ms for p in moves}
+    table = min(priced, key=priced.get)
+    cheaper = priced[table] < planned.cost_ms
+    return (
+        f"{said}; the model prices moving table {table} to device {empty[0]} at {priced[table]:.3f} ms a step, "
+        f"the plan at {planned.cost_ms:.3f} ms{': the search missed it' if cheaper else ''}",
+        cheaper,
+    )
+
+
+def _moved(plan: Plan, placement: TablePlacement, device: int) -> Plan:
+    """``plan`` with the table-wise ``placement`` on ``device`` instead."""
+    placements = tuple(replace(p, devices=(device,)) if p is placement else p for p in plan.placements)
+    return Plan(placements, plan.num_devices)
+
+
 def stats_list(stats: object) -> list[Stats]:
     """``stats`` as TorchRec's planner takes it (None, one ``Stats`` or a list of them) as a
     list; anything else is a ``ShardingError`` naming it."""

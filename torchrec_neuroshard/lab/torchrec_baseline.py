@@ -16,7 +16,7 @@ Configured as TorchRec documents it:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from torchrec_neuroshard.types import ShardingError, Task
 
@@ -166,17 +166,28 @@ class TorchRecRun:
 
 
 def run_torchrec(task: Task, device_type: str, timeout_seconds: int | None, proposer: str = "default", **kwargs) -> TorchRecRun:
-    """Run ``torchrec_planner`` once, timed, with no alarm of ours: a failure is a result
-    (its error text), never dropped. ``kwargs`` go to ``torchrec_planner``."""
-    import logging
-    import time
-    from collections import Counter
-
+    """Run ``torchrec_planner`` once on the task's tables (``timed_run``). ``kwargs`` go to
+    ``torchrec_planner``."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     from torchrec_neuroshard.tables import module_for_tables
 
     _check_proposer(proposer)  # our argument: refused here, not reported as TorchRec's failure
+    module = module_for_tables(task.tables)
+    return timed_run(
+        lambda: torchrec_planner(task, device_type, timeout_seconds=timeout_seconds, proposer=proposer, **kwargs),
+        module, [EmbeddingBagCollectionSharder()],
+    )  # fmt: skip
+
+
+def timed_run(make_planner: Callable[[], object], module: nn.Module, sharders: list) -> TorchRecRun:
+    """Make a TorchRec ``EmbeddingShardingPlanner`` and plan ``module`` with it once, timed
+    (making it included), with no alarm of ours: a failure is a result (its error text),
+    never dropped; a plan its own ``timeout_seconds`` cut short says so."""
+    import logging
+    import time
+    from collections import Counter
+
     timed_out: list[str] = []
 
     class _TimeoutSeen(logging.Handler):
@@ -188,11 +199,10 @@ def run_torchrec(task: Task, device_type: str, timeout_seconds: int | None, prop
     handler, level = _TimeoutSeen(), log.level
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    module = module_for_tables(task.tables)
     t0 = time.perf_counter()
     try:
-        planner = torchrec_planner(task, device_type, timeout_seconds=timeout_seconds, proposer=proposer, **kwargs)
-        plan = planner.plan(module, [EmbeddingBagCollectionSharder()])
+        planner = make_planner()
+        plan = planner.plan(module, sharders)
     except Exception as e:  # noqa: BLE001 - TorchRec failing is the row's result
         return TorchRecRun(None, time.perf_counter() - t0, f"failed: {type(e).__name__}: {str(e)[:300]}", error=e)
     finally:
