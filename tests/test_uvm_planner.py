@@ -347,3 +347,47 @@ def test_the_plan_kept_is_warned_about_once_however_many_proposals_were_searched
         warned = [r.getMessage() for r in caplog.records if warning in r.getMessage()]
         assert len(warned) == 1, f"{len(warned)} warnings '{warning}' over the searches of one plan"
     assert "'a0'" in caplog.text and "'b1'" in caplog.text
+
+
+def test_big_tables_beyond_hbm_are_split_by_rows_and_priced_below_torchrecs_plan() -> None:
+    """Issue 40's first task: 12 tables of 50M rows x 128 on 8 GPUs of 32 GiB (pooling factor
+    20). Whole, two such tables never share a GPU, so every proposal that keeps them whole
+    fails or sends many to host memory; the row-wise proposal splits every one over all
+    ranks, its caches as large as the HBM left allows, and our model prices that plan below
+    TorchRec's (all row-wise, two caches at its default 0.2) on the same task and model."""
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_neuroshard.search import predicted_breakdown
+    from torchrec_neuroshard.sharding import sharder_load_factors
+    from torchrec_neuroshard.types import ShardingKind
+
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=128, num_embeddings=50_000_000, feature_names=[f"f{i}"]) for i in range(12)]
+    module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    topology = Topology(world_size=8, compute_device="cuda", hbm_cap=32 * 1024**3, ddr_cap=512 * 1024**3, local_world_size=8)
+    constraints = {c.name: ParameterConstraints(pooling_factors=[20.0]) for c in configs}
+    planner = NeuroShardPlanner(topology, 512, constraints=constraints, storage_reservation=0.0)
+    planner.plan(module, SHARDERS)
+    assert {p.kind for p in planner.plan_.placements} == {ShardingKind.ROW_WISE} and planner.plan_.offloaded()
+    theirs = EmbeddingShardingPlanner(topology, 512, constraints=constraints, storage_reservation=FixedPercentageStorageReservation(0.0)).plan(module, SHARDERS)
+    model, task = planner._priced_model(), planner.task_
+    ours_ms = predicted_breakdown(model, task, planner.plan_)[0]
+    theirs_ms = predicted_breakdown(model, task, from_torchrec(theirs, 8, sharder_load_factors(module, SHARDERS)))[0]
+    assert ours_ms < theirs_ms
+
+
+def test_relax_takes_the_cheapest_option_the_budget_leaves_room_for() -> None:
+    """The greedy sent both tables to a 1% cache; the budget has room for one at 50%: the
+    dearer one (first) takes it, the other stays; a table not movable never moves."""
+    from torchrec_neuroshard.offload import KernelOption, relax
+
+    def option(factor: float, hbm: int, penalty: float) -> KernelOption:
+        return KernelOption(ComputeKernel.FUSED_UVM_CACHING, factor, hbm, 100, penalty)
+
+    options = {name: [option(0.5, 50, 1.0), option(0.2, 20, 1.6), option(0.01, 1, 2.0)] for name in ("a", "b")}
+    chosen = {"a": options["a"][2], "b": options["b"][2]}
+    relaxed = relax(chosen, options, hbm_budget=60, host_budget=1000, movable={"a", "b"})
+    assert sorted(o.load_factor for o in relaxed.values()) == [0.01, 0.5]
+    assert relax(chosen, options, hbm_budget=60, host_budget=1000, movable=set()) == chosen
+    assert relax(chosen, options, hbm_budget=2, host_budget=1000, movable={"a", "b"}) == chosen  # no room

@@ -24,7 +24,8 @@ def test_one_task_row_line_and_report_agree(tmp_path, capsys, monkeypatch) -> No
     assert code == int(row["ratio"] > 1)
     ours, theirs = row["neuroshard"], row["torchrec"]
     assert row["ratio"] == pytest.approx(ours["ms"] / theirs["ms"], rel=1e-12)
-    assert ours["ms"] == pytest.approx(ours["searched_ms"], rel=1e-9)  # priced by the model it searched with
+    # priced by the model it searched with (no search when the offload stage split every table by rows)
+    assert ours["ms"] == pytest.approx(ours["searched_ms"], rel=1e-9) if "searched_ms" in ours else all(k.startswith("row_wise/") for k in ours["kernels"])
     assert sum(ours["kernels"].values()) == sum(theirs["kernels"].values()) == row["tables"] == 16
     assert 0 <= ours["empty_devices"] < row["devices"] and 0 <= theirs["empty_devices"] < row["devices"]
     printed = capsys.readouterr().out

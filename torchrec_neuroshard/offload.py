@@ -19,7 +19,10 @@ HBM they leave, and prices the whole step with the penalties (``uvmcost.UvmPrice
 
 ``attempts`` yields what the planner tries in turn: first no offload at all (so a model
 that fits HBM is planned exactly as without this stage), then the greedy at shrinking
-HBM shares until the search places the rest.
+HBM shares until the search places the rest. At each share a second proposal splits by
+rows over every rank each table whose weights take over ``ROW_SPLIT_SHARE`` of a rank's
+HBM (in HBM or on its UVM kernel): whole, such tables pack the ranks' HBM badly, so the first proposal's share often fails and a smaller one sends
+more tables to host memory than the bytes require (as TorchRec's row-wise plans avoid).
 """
 
 from __future__ import annotations
@@ -37,9 +40,15 @@ from torchrec_neuroshard.uvmcost import UvmPricing
 
 LOAD_FACTORS = (0.5, 0.3, 0.2, 0.1, 0.05, 0.02, 0.01)
 """The cache sizes (shares of a table's rows) the greedy tries for fused_uvm_caching."""
-HBM_SHARES = (0.95, 0.85, 0.7, 0.55, 0.4, 0.25, 0.1, 0.0)
+HBM_SHARES = (0.99, 0.95, 0.85, 0.7, 0.55, 0.4, 0.25, 0.1, 0.0)
 """Shares of all ranks' HBM the tables' HBM bytes may take, tried in turn: the rest is the
 search's room to balance the tables it places."""
+WHOLE_MAX_SHARE = 0.95
+"""The largest share tried with every table whole (the first proposal of a share): whole
+tables never pack all ranks' HBM tighter; row blocks do (the row-wise proposal)."""
+ROW_SPLIT_SHARE = 0.25
+"""A table whose weights take over this share of one rank's HBM is split by rows over
+every rank in the row-wise proposal of each HBM share."""
 HOST_SHARE = 0.95
 """Share of all ranks' host memory the offloaded tables may take (room to place them)."""
 
@@ -171,6 +180,47 @@ def choose_kernels(
     return {name: ladders[name][i] for name, i in step.items()}
 
 
+def relax(
+    chosen: Mapping[str, KernelOption],
+    options: Mapping[str, Sequence[KernelOption]],
+    hbm_budget: float,
+    host_budget: float,
+    movable: set[str],
+) -> dict[str, KernelOption]:
+    """``chosen`` with each ``movable`` table, the dearest first, moved to its cheapest option
+    (any of ``options``, not only the hull's rungs) that keeps the tables within both budgets:
+    the greedy's last step down may free more bytes than the budget asks (two tables at a
+    cache of 1% of their rows where one at 50% and one at 1% fit)."""
+    out = dict(chosen)
+    hbm, host = sum(o.hbm for o in out.values()), sum(o.host for o in out.values())
+    for name in sorted(movable & set(out), key=lambda n: (-out[n].penalty_ms, n)):
+        here = out[name]
+        fits = [o for o in options[name] if hbm - here.hbm + o.hbm <= hbm_budget and host - here.host + o.host <= host_budget]
+        best = min(fits + [here], key=lambda o: (o.penalty_ms, o.hbm))
+        if best.penalty_ms < here.penalty_ms:
+            out[name] = best
+            hbm, host = hbm - here.hbm + best.hbm, host - here.host + best.host
+    return out
+
+
+def _relax_split(
+    chosen: Mapping[str, KernelOption],
+    options: Mapping[str, Sequence[KernelOption]],
+    budgets: tuple[float, float],
+    tables: Sequence[ModuleTable],
+    world: int,
+    hbm_cap: int,
+    share: float,
+) -> dict[str, KernelOption]:
+    """``relax`` of the tables the row-wise proposal splits: row blocks pack HBM exactly, so
+    their kernels may take what the budget leaves, less the slack the whole tables need to
+    be placed (what a share of at most ``WHOLE_MAX_SHARE`` leaves them)."""
+    movable = {t.spec.name for t in tables if _splits(t, world, hbm_cap)}
+    whole = sum(o.hbm for name, o in chosen.items() if name not in movable)
+    slack = whole * (1 / min(share, WHOLE_MAX_SHARE) - 1)
+    return relax(chosen, options, min(budgets[0], world * hbm_cap - slack), budgets[1], movable)
+
+
 def shortfall_error(ladders: Mapping[str, Sequence[KernelOption]], hbm_total: int, host_total: int, world: int) -> InfeasibleError:
     """The error of a model beyond HBM + host memory: what each memory lacks, at least."""
     least_hbm = sum(min(o.hbm for o in rungs) for rungs in ladders.values())
@@ -207,12 +257,13 @@ def attempts(
     options = tables_kernel_options(tables, batch_size, world, pricing, hbm_cap, local_world_size)
     ladders = {t.spec.name: ladder(o) for t, o in zip(tables, options)}
     cheapest = sum(rungs[0].hbm for rungs in ladders.values())
-    by_name = {t.spec.name: t for t in tables}
     seen: list[dict[str, KernelOption]] = []
     unplaced: InfeasibleError | None = None
     tried = False
+    every = {t.spec.name: o for t, o in zip(tables, options)}
     for share in ((math.inf,) if cheapest <= world * hbm_cap else ()) + HBM_SHARES:
-        chosen = choose_kernels(ladders, share * world * hbm_cap, HOST_SHARE * world * host_cap)
+        budgets = (share * world * hbm_cap, HOST_SHARE * world * host_cap)
+        chosen = choose_kernels(ladders, *budgets)
         if chosen is None:
             if not seen:
                 raise shortfall_error(ladders, world * hbm_cap, world * host_cap, world)
@@ -220,20 +271,80 @@ def attempts(
         if chosen in seen:
             continue
         seen.append(chosen)
-        sent = {name: o for name, o in chosen.items() if o.kernel.in_host_memory}
-        if not sent:
-            tried = True
-            yield Offload()  # all in HBM: planned exactly as without this stage
-            continue
-        try:
-            placements = place([by_name[n] for n in sent], sent, world, (hbm_cap, host_cap), batch_size, price)
-        except InfeasibleError as e:  # a smaller share sends other tables
-            unplaced = e
-            continue
-        tried = True
-        yield Offload(placements, share, tuple((n, _reason(o, share)) for n, o in sorted(sent.items())))
+        for split in (True,) if WHOLE_MAX_SHARE < share < math.inf else (False, True):
+            try:
+                if split:
+                    chosen = _relax_split(chosen, every, budgets, tables, world, hbm_cap, share)
+                proposal = _proposal(tables, chosen, share, world, (hbm_cap, host_cap), batch_size, price, split)
+            except InfeasibleError as e:  # a smaller share sends other tables
+                unplaced = e
+                continue
+            if proposal is not None:
+                tried = True
+                yield proposal
     if unplaced is not None and not tried:
         raise unplaced
+
+
+def _proposal(
+    tables: Sequence[ModuleTable],
+    chosen: Mapping[str, KernelOption],
+    share: float,
+    world: int,
+    caps: tuple[int, int],
+    batch_size: int,
+    price: Price,
+    split: bool,
+) -> Offload | None:
+    """One share's proposal: the tables ``chosen`` sends to host memory placed by ``place``
+    (none: all in HBM, planned exactly as without this stage); with ``split``, first every
+    table over ``ROW_SPLIT_SHARE`` of a rank's HBM split by rows over every rank on its
+    chosen kernel (None when there is none), the others sent placed in the memory those leave."""
+    by_name = {t.spec.name: t for t in tables}
+    rows = _row_splits(tables, chosen, world, caps[0]) if split else ()
+    if split and not rows:
+        return None
+    if not split and not any(o.kernel.in_host_memory for o in chosen.values()):
+        return Offload()
+    split_names = {p.table for p in rows}
+    specs = [by_name[p.table].spec.on_kernel(chosen[p.table].kernel, chosen[p.table].load_factor) for p in rows]
+    one = Plan(rows, world)
+    used_hbm, used_host = (max(m, default=0) for m in (one.device_memory(specs, batch_size), one.device_host_memory(specs, batch_size)))
+    whole = sum(o.hbm for n, o in chosen.items() if n not in split_names)
+    if split and world * used_hbm + whole / min(share, WHOLE_MAX_SHARE) > world * caps[0]:
+        return None  # each block holds the whole batch's pooled output: the blocks leave the whole tables no room
+    sent = {n: o for n, o in chosen.items() if o.kernel.in_host_memory and n not in split_names}
+    left = (caps[0] - used_hbm, caps[1] - used_host)
+    placed = place([by_name[n] for n in sent], sent, world, left, batch_size, price) if sent else ()
+    reasons = [(n, _reason(o, share)) for n, o in sorted(sent.items())]
+    reasons += [(p.table, _split_reason(chosen[p.table], share, caps[0])) for p in rows]
+    return Offload(rows + placed, share, tuple(sorted(reasons)))
+
+
+def _row_splits(tables: Sequence[ModuleTable], chosen: Mapping[str, KernelOption], world: int, hbm_cap: int) -> tuple[TablePlacement, ...]:
+    """Every table whose weights take over ``ROW_SPLIT_SHARE`` of a rank's HBM and that may
+    be split by rows, in row blocks over every rank on its chosen kernel (one on a UVM
+    kernel too: its penalty then falls on every rank, not on one)."""
+    out = []
+    for t in sorted(tables, key=lambda t: t.spec.name):
+        if _splits(t, world, hbm_cap):
+            option = chosen[t.spec.name]
+            out.append(TablePlacement.row_blocks(t.spec.on_kernel(option.kernel, option.load_factor), range(world)))
+    return tuple(out)
+
+
+def _splits(table: ModuleTable, world: int, hbm_cap: int) -> bool:
+    """Whether the row-wise proposal splits ``table``: its weights over ``ROW_SPLIT_SHARE`` of a rank's HBM, row-wise allowed."""
+    spec = table.spec
+    return ShardingKind.ROW_WISE in table.allowed and spec.rows >= world and spec.rows * spec.dim * spec.bytes_per_element > ROW_SPLIT_SHARE * hbm_cap
+
+
+def _split_reason(option: KernelOption, share: float, hbm_cap: int) -> str:
+    what = option.kernel.value + (f" (cache load factor {option.load_factor:g})" if option.kernel.cached else "")
+    return (
+        f"row-wise over every rank on {what}: its weights, over {ROW_SPLIT_SHARE:.0%} of a rank's {hbm_cap:,} bytes "
+        f"of HBM, pack the ranks badly whole (the tables fit {share:.0%} of their HBM)"
+    )
 
 
 def _reason(option: KernelOption, share: float) -> str:

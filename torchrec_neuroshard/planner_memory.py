@@ -106,9 +106,10 @@ class MemoryPlanning:
             self.plan_ = self.search_result_.plan
             self.plan_.validate(self.task_)  # the search counts HBM; host memory is checked here
             return self.search_result_.predicted_cost_ms
-        task = Task(tuple(specs), world, cap, batch, (), Links.of(self.topology), host_cap)
+        task = self.task_ = Task(tuple(specs), world, cap, batch, (), Links.of(self.topology), host_cap)
         self.plan_.validate(task)  # every table decided before the search: none checked the memory
-        return predict_step(self._priced_model().with_batch_size(batch), task, self.plan_).cost_ms if attempt.placements else 0.0
+        self._model = self._priced_model() if attempt.placements else self._cost_model()
+        return predict_step(self._model.with_batch_size(batch), task, self.plan_).cost_ms if attempt.placements else 0.0
 
     def _priced_model(self) -> UvmPricedModel:
         """The cost model with the UVM kernels' penalties (``UvmPricing.shipped``), at the global batch."""
