@@ -372,3 +372,30 @@ def test_a_table_heavier_than_a_devices_fair_share_is_taken_off_the_slowest_devi
     result = search(task, priced_by_links(model.with_batch_size(task.batch_size), topology))
     assert result.plan.placement("t778_652").kind in (ShardingKind.DATA_PARALLEL, ShardingKind.ROW_WISE)
     assert result.predicted_cost_ms < 16.0
+
+
+def test_every_table_may_be_split_by_rows_so_no_device_is_left_empty() -> None:
+    """16 tables of 20M rows x 128 on 32 GPUs (4 hosts of 8, 80 GiB each; issue 40's
+    128-GPU task made small): whole, they leave half the GPUs empty. The kind choice may
+    split all of them (it used to keep one whole, so at most 15): each over one host,
+    table-row-wise, every GPU holds blocks, and the step is priced below the whole tables'."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_neuroshard import NeuroShardPlanner
+    from torchrec_neuroshard.search import predicted_breakdown
+    from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
+
+    configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=128, num_embeddings=20_000_000, feature_names=[f"f{i}"]) for i in range(16)]
+    topology = Topology(world_size=32, compute_device="cuda", hbm_cap=80 * 1024**3, ddr_cap=1024**4, local_world_size=8)
+    constraints = {c.name: ParameterConstraints(pooling_factors=[20.0]) for c in configs}
+    planner = NeuroShardPlanner(topology, 512, constraints=constraints, storage_reservation=0.0)
+    planner.plan(EmbeddingBagCollection(tables=configs, device=torch.device("meta")), [EmbeddingBagCollectionSharder()])
+    assert {p.kind for p in planner.plan_.placements} == {ShardingKind.TABLE_ROW_WISE}
+    assert {d for p in planner.plan_.placements for d in p.devices} == set(range(32))
+    whole = Plan(tuple(TablePlacement.whole(t, i) for i, t in enumerate(planner.task_.tables)), 32)
+    ours = predicted_breakdown(planner._model, planner.task_, planner.plan_)[0]
+    assert ours < predicted_breakdown(planner._model, planner.task_, whole)[0]

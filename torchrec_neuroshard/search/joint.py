@@ -32,9 +32,10 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
     if config.deadline is not None:
         _fallback_first(task, given, context, choice)
     fixed = _kinds(task, given, context, choice)
-    searched, evaluated = split_and_place(task, model, config, choice, fixed, embed, context.memo)
+    placed_all = len(fixed) == len(task.tables)  # the kinds placed every table (split by rows, replicated)
+    searched, evaluated = ([Plan((), task.num_devices)], 0) if placed_all else split_and_place(task, model, config, choice, fixed, embed, context.memo)
     candidates = [(p, fixed) for p in searched]
-    if config.seed_with_baselines and fixed != given:  # around the chosen kinds too
+    if config.seed_with_baselines and fixed != given and not placed_all:  # around the chosen kinds too
         candidates += [(p, fixed) for p in _feasible_baselines(rest_task(task, fixed), context.memo)]
     if config.seed_with_baselines:
         candidates += [(p, given) for p in _feasible_baselines(rest_task(task, given), context.memo)]
@@ -42,8 +43,8 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
         raise _shortfall(rest_task(task, given), model, config, embed)
     costs = [predict_step(model, task, with_fixed(p, f, task), embed).cost_ms for p, f in candidates]
     plan, fixed = candidates[int(np.argmin(costs))]
-    rest = rest_task(task, fixed)
-    if config.local_search and len(task.modules) < 2:  # it balances devices' totals; several modules: modules.improve_modules
+    if config.local_search and len(task.modules) < 2 and plan.placements:  # it balances devices' totals; several modules: modules.improve_modules
+        rest = rest_task(task, fixed)
         keys = Keys(rest, model, embed)
         index = {t.name: i for i, t in enumerate(rest.tables)}
         keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])

@@ -27,6 +27,7 @@ from torchrec_neuroshard.search.greedy import Keys, greedy_runs, plan_of
 from torchrec_neuroshard.stepcost import Collectives, Embedder, data_parallel_ms, predict_step
 from torchrec_neuroshard.types import (
     CostModel,
+    Plan,
     Shard,
     ShardingKind,
     TableChoices,
@@ -113,6 +114,11 @@ def _cheapest(
     given placements take on it; a choice's own row splits and replicas lower every
     device's cap by what they take on the fullest (a choice leaving no memory: all its
     runs die)."""
+    every = {t.name for t in task.tables}
+    best = _cheapest_whole([fixed for fixed in grid if {p.table for p in fixed} == every], task, model, embed)
+    grid = [fixed for fixed in grid if {p.table for p in fixed} != every]  # some tables left to place
+    if not grid:
+        return best[1] if best is not None else None
     states = []
     for fixed in grid:
         names = {p.table for p in fixed}
@@ -122,7 +128,6 @@ def _cheapest(
     if runs is None:  # the planning budget ran out: no kinds beyond the given
         return None
     per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
-    best: tuple[float, Kinds] | None = None
     for i, fixed in enumerate(grid):
         if best is not None and past(config.deadline):
             break
@@ -135,6 +140,19 @@ def _cheapest(
     return best[1] if best is not None else None
 
 
+def _cheapest_whole(grid: Sequence[Kinds], task: Task, model: CostModel, embed: Embedder) -> tuple[float, Kinds] | None:
+    """Of the kinds in ``grid`` that place every table (nothing left to the greedy), the
+    one the whole step prices lowest among those fitting memory, with its ms; None if none."""
+    best: tuple[float, Kinds] | None = None
+    for fixed in grid:
+        if taken_memory(task, fixed).max() > task.memory_cap_bytes:
+            continue
+        cost = predict_step(model, task, Plan(fixed, task.num_devices), embed).cost_ms
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, fixed)
+    return best
+
+
 def _row_choices(
     task: Task,
     config: SearchConfig,
@@ -144,8 +162,8 @@ def _row_choices(
     open_tables: Sequence[tuple[int, TableSpec]],
 ) -> list[Kinds]:
     """The row splits ``choose_kinds`` tries: none, and the costliest 1, 2, 4, ... tables
-    that take half a device's fair share or more (``config.row_wise_grid``; one table of
-    ``open_tables`` stays sharded), split row-wise over every rank, or, on a topology of
+    that take half a device's fair share or more (``config.row_wise_grid``) and all of them,
+    split row-wise over every rank, or, on a topology of
     several hosts, table-row-wise over one host each (the least loaded host first, so
     several spread over the hosts)."""
     world, links = task.num_devices, task.links
@@ -158,7 +176,7 @@ def _row_choices(
             (t for _, t in open_tables if choice[t.name].allows(kind) and t.rows >= blocks and single[t.name] >= fair / 2),
             key=lambda t: (-single[t.name], t.name),
         )
-        for n in sorted({min(k, len(candidates), len(open_tables) - 1) for k in config.row_wise_grid} - {0}):
+        for n in sorted({min(k, len(candidates)) for k in (*config.row_wise_grid, len(candidates))} - {0}):
             if kind is ShardingKind.ROW_WISE:
                 out.append(tuple(TablePlacement.row_blocks(t, range(world)) for t in candidates[:n]))
             else:
