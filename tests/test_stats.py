@@ -88,3 +88,24 @@ def test_an_empty_device_beside_a_crowded_one_is_logged_with_the_models_price_of
     assert "leaves 1 of 4 devices empty (first: 3); 1 device(s) hold two or more shards (the priciest, device 0, holds 2" in message
     assert f"to device 3 at {best:.3f} ms a step, the plan at {predict_step(model, task, plan).cost_ms:.3f} ms" in message
     assert (lines[0].levelno == logging.WARNING) == (best < predict_step(model, task, plan).cost_ms)
+
+
+def test_empty_devices_beside_devices_of_one_shard_each_are_logged_with_the_price_of_splitting() -> None:
+    """Four tables whole on 8 GPUs leave 4 empty with one shard on each other: the line
+    says so and prices the priciest device's table split by rows over all 8, as
+    ``predict_step`` prices that plan."""
+    from torchrec_neuroshard.stats import empty_device_line
+    from torchrec_neuroshard.stepcost import predict_step
+    from torchrec_neuroshard.types import Plan, TablePlacement
+
+    planner = NeuroShardPlanner(Topology(world_size=8, compute_device="cuda", local_world_size=8), 512)
+    planner.plan(_four_tables(), SHARDERS)
+    model, task = planner._model.with_batch_size(planner.task_.batch_size), planner.task_
+    plan = Plan(tuple(TablePlacement(f"t{i}", (64,), (i,)) for i in range(4)), 8)
+    line, cheaper = empty_device_line(planner._model, task, plan)
+    priciest = max(range(4), key=lambda d: predict_step(model, task, plan).devices[d].total)
+    split = Plan(tuple(TablePlacement.row_blocks(task.by_name[f"t{i}"], range(8)) if i == priciest else p for i, p in enumerate(plan.placements)), 8)
+    price = predict_step(model, task, split).cost_ms
+    assert f"leaves 4 of 8 devices empty (first: 4); every other holds one shard (the priciest, device {priciest}:" in line
+    assert f"splitting table t{priciest} by rows over every device at {price:.3f} ms a step" in line
+    assert cheaper == (price < predict_step(model, task, plan).cost_ms)

@@ -58,15 +58,8 @@ from torchrec_neuroshard.plan_loading import load_plan, planner_context
 from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
-from torchrec_neuroshard.stats import (
-    empty_device_line,
-    format_plan_stats,
-    log_stats,
-    replica_overhead_line,
-    stats_list,
-    table_perfs,
-    torchrec_sharding_options,
-)
+from torchrec_neuroshard.stats import empty_device_line, format_plan_stats, log_stats, replica_overhead_line, stats_list
+from torchrec_neuroshard.stats import table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import ModuleTable, module_tables, shardable_modules
 from torchrec_neuroshard.triage import COLUMN_KINDS, Triage

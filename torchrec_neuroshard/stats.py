@@ -196,11 +196,12 @@ def replica_overhead_line(model: CostModel, task: Task, plan: Plan) -> str:
 
 
 def empty_device_line(model: CostModel, task: Task, plan: Plan) -> tuple[str, bool] | None:
-    """(a line, whether the model prices the empty device's option below the plan) when
-    ``plan`` leaves a device holding no shard (a replica on every rank is none) while
-    another holds two or more; None else. The option priced (``stepcost.predict_step``):
-    each whole (table-wise) table of the priciest crowded device moved to the first empty
-    one, the cheapest of those moves; a device holding no whole table has no option priced."""
+    """(a line, whether the model prices the empty devices' option below the plan) when
+    ``plan`` leaves a device holding no shard (a replica on every rank is none); None else.
+    The option priced (``stepcost.predict_step``): where another device holds two or more
+    shards, each whole table of the priciest such device moved to the first empty one, the
+    cheapest of those moves; where every other device holds one, the priciest device's
+    whole table split by rows over every device."""
     from torchrec_neuroshard.stepcost import predict_step
 
     shards = [0] * plan.num_devices  # [D] shards (table-wise, column or row) on each device
@@ -209,27 +210,35 @@ def empty_device_line(model: CostModel, task: Task, plan: Plan) -> tuple[str, bo
             for device in p.devices:
                 shards[device] += 1
     empty = [d for d, n in enumerate(shards) if n == 0]
-    crowded = [d for d, n in enumerate(shards) if n >= 2]
-    if not empty or not crowded:
+    if not empty:
         return None
     model = model.with_batch_size(task.batch_size)
     planned = predict_step(model, task, plan)
-    priciest = max(crowded, key=lambda d: planned.devices[d].total)
-    said = (
-        f"the plan leaves {len(empty)} of {plan.num_devices} devices empty (first: {empty[0]}); {len(crowded)} device(s) hold two "
-        f"or more shards (the priciest, device {priciest}, holds {shards[priciest]}: {planned.devices[priciest].total:.3f} ms)"
-    )
-    moves = [p for p in plan.placements if p.kind is ShardingKind.TABLE_WISE and p.devices == (priciest,)]
-    if not moves:
+    crowded = [d for d, n in enumerate(shards) if n >= 2]
+    used = crowded or [d for d, n in enumerate(shards) if n]
+    priciest = max(used, key=lambda d: planned.devices[d].total)
+    said = f"the plan leaves {len(empty)} of {plan.num_devices} devices empty (first: {empty[0]}); " + (
+        f"{len(crowded)} device(s) hold two or more shards (the priciest, device {priciest}, holds {shards[priciest]}: "
+        f"{planned.devices[priciest].total:.3f} ms)" if crowded else f"every other holds one shard (the priciest, device {priciest}: "
+        f"{planned.devices[priciest].total:.3f} ms)"
+    )  # fmt: skip
+    whole = [p for p in plan.placements if p.kind is ShardingKind.TABLE_WISE and p.devices == (priciest,)]
+    if not whole:
         return f"{said}; it holds no whole table to move, so no option is priced", False
-    priced = {p.table: predict_step(model, task, _moved(plan, p, empty[0])).cost_ms for p in moves}
+    options = {p.table: _moved(plan, p, empty[0]) if crowded else _split(plan, p, task) for p in whole}
+    priced = {table: predict_step(model, task, option).cost_ms for table, option in options.items()}
     table = min(priced, key=priced.get)
     cheaper = priced[table] < planned.cost_ms
-    return (
-        f"{said}; the model prices moving table {table} to device {empty[0]} at {priced[table]:.3f} ms a step, "
-        f"the plan at {planned.cost_ms:.3f} ms{': the search missed it' if cheaper else ''}",
-        cheaper,
-    )
+    what = f"moving table {table} to device {empty[0]}" if crowded else f"splitting table {table} by rows over every device"
+    return f"{said}; the model prices {what} at {priced[table]:.3f} ms a step, the plan at {planned.cost_ms:.3f} ms" + (
+        ": the search missed it" if cheaper else ""
+    ), cheaper
+
+
+def _split(plan: Plan, placement: TablePlacement, task: Task) -> Plan:
+    """``plan`` with the table-wise ``placement``'s table split by rows over every device."""
+    blocks = TablePlacement.row_blocks(placement.spec_of(task.by_name[placement.table]), range(plan.num_devices))
+    return Plan(tuple(blocks if p is placement else p for p in plan.placements), plan.num_devices)
 
 
 def _moved(plan: Plan, placement: TablePlacement, device: int) -> Plan:
