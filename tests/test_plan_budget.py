@@ -74,12 +74,14 @@ def test_a_tiny_budget_screens_one_offload_proposal_and_keeps_it(monkeypatch) ->
 def test_a_tiny_budget_plans_hundreds_of_small_tables_in_bounded_time(tables, hbm) -> None:
     """The plans above in a bounded time: CPU seconds, which other work on the machine does
     not inflate as it does wall seconds (the budget is wall time, so a loaded machine only
-    cuts the search shorter). On one core: 600 tables 0.22 s (0.65 s before issue 41), 400
-    offloaded 0.16 s (0.82 s before)."""
+    cuts the search shorter), at most half those of the same plan without a budget, so the
+    bound holds on a slower machine kind. On one AMD EPYC core: 600 tables 0.22 s (0.65 s
+    before issue 41), 400 offloaded 0.16 s (0.82 s before)."""
     gpus = Topology(world_size=8, compute_device="cuda", **({} if hbm is None else {"hbm_cap": hbm}))
     cpu, wall, in_plan = planned(NeuroShardPlanner(gpus, timeout_seconds=BUDGET, debug=False), tables)
+    free, _, _ = planned(NeuroShardPlanner(gpus, debug=False), tables)
     assert in_plan == tables
-    assert cpu < 0.5 and wall < 5.0, f"plan() of {tables} tables at timeout_seconds={BUDGET}: {cpu:.2f} CPU s, {wall:.2f} s"
+    assert cpu < 0.5 * free and wall < 5.0, f"plan() of {tables} tables at timeout_seconds={BUDGET}: {cpu:.2f} CPU s, {wall:.2f} s; no budget {free:.2f} CPU s"
 
 
 def test_a_budget_that_does_not_run_out_plans_as_no_budget() -> None:

@@ -110,7 +110,7 @@ def test_table_larger_than_a_rank_is_row_wised_or_a_clear_error(caplog) -> None:
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         plan = planner.plan(model(), ROW_WISE_SHARDERS)
     assert plan.plan[""]["big"].sharding_type == "row_wise"
-    assert plan.plan[""]["small"].sharding_type in ("table_wise", "column_wise")
+    assert plan.plan[""]["small"].sharding_type in ("table_wise", "column_wise", "row_wise")  # as the model prices the step
     assert "big: larger than one rank's memory (65,152 > 40,000 bytes): row_wise" in caplog.text
     # decided before the search, the row-wise table is still in the predicted whole step
     from torchrec_neuroshard.costmodel import load_pretrained
