@@ -257,7 +257,7 @@ def attempts(
     options = tables_kernel_options(tables, batch_size, world, pricing, hbm_cap, local_world_size)
     ladders = {t.spec.name: ladder(o) for t, o in zip(tables, options)}
     cheapest = sum(rungs[0].hbm for rungs in ladders.values())
-    seen: list[dict[str, KernelOption]] = []
+    seen: list[tuple[bool, dict[str, KernelOption]]] = []  # (split, the greedy's choice) of each proposal made
     unplaced: InfeasibleError | None = None
     tried = False
     every = {t.spec.name: o for t, o in zip(tables, options)}
@@ -268,14 +268,13 @@ def attempts(
             if not seen:
                 raise shortfall_error(ladders, world * hbm_cap, world * host_cap, world)
             break
-        if chosen in seen:
-            continue
-        seen.append(chosen)
         for split in (True,) if WHOLE_MAX_SHARE < share < math.inf else (False, True):
+            if (split, chosen) in seen:
+                continue
+            seen.append((split, chosen))
             try:
-                if split:
-                    chosen = _relax_split(chosen, every, budgets, tables, world, hbm_cap, share)
-                proposal = _proposal(tables, chosen, share, world, (hbm_cap, host_cap), batch_size, price, split)
+                picked = _relax_split(chosen, every, budgets, tables, world, hbm_cap, share) if split else chosen
+                proposal = _proposal(tables, picked, share, world, (hbm_cap, host_cap), batch_size, price, split)
             except InfeasibleError as e:  # a smaller share sends other tables
                 unplaced = e
                 continue
