@@ -235,3 +235,19 @@ def test_the_greedy_sends_cold_tables_to_host_memory_first() -> None:
     slopes = [(b.penalty_ms - a.penalty_ms) / (a.hbm - b.hbm) for a, b in zip(ladders["hot"], ladders["hot"][1:])]
     assert slopes == sorted(slopes)  # a convex ladder: each step dearer per byte than the last
     assert isinstance(ladders["hot"][-1], KernelOption) and ladders["hot"][-1].kernel is UVM
+
+
+def test_every_share_offers_its_whole_proposal_though_the_larger_share_chose_alike() -> None:
+    """Two tables of 256 MB, one rank's HBM 200 MB of 2: at 99% and at 95% of the HBM the
+    greedy sends one table to host memory alike. 99% is tried with the tables split by rows
+    only (whole tables never pack that tight); 95% still offers them whole, and splits them."""
+    from torchrec_neuroshard.offload import attempts
+
+    def module_table(spec: TableSpec) -> ModuleTable:
+        return ModuleTable("", spec, frozenset({ShardingKind.TABLE_WISE, ShardingKind.ROW_WISE}), 4, frozenset(ComputeKernel))
+
+    tables = [module_table(_table(name, rows=1_000_000, dim=64, pf=pf)) for name, pf in (("hot", 40.0), ("cold", 0.5))]
+    made = list(attempts(tables, 2, 200 * 10**6, 10**11, 65_536, STAND_IN, lambda specs: [1.0] * len(specs)))
+    kinds = [(p.hbm_share, {pl.kind for pl in p.placements}) for p in made]
+    assert (0.99, {ShardingKind.ROW_WISE}) in kinds and (0.95, {ShardingKind.TABLE_WISE}) in kinds
+    assert all(share <= 0.95 for share, found in kinds if ShardingKind.TABLE_WISE in found)
