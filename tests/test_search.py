@@ -386,8 +386,7 @@ def test_every_table_may_be_split_by_rows_so_no_device_is_left_empty() -> None:
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from torchrec_neuroshard import NeuroShardPlanner
-    from torchrec_neuroshard.search import predicted_breakdown
-    from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
+    from torchrec_neuroshard.types import ShardingKind
 
     configs = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=128, num_embeddings=20_000_000, feature_names=[f"f{i}"]) for i in range(16)]
     topology = Topology(world_size=32, compute_device="cuda", hbm_cap=80 * 1024**3, ddr_cap=1024**4, local_world_size=8)

@@ -286,14 +286,7 @@ def attempts(
 
 
 def _proposal(
-    tables: Sequence[ModuleTable],
-    chosen: Mapping[str, KernelOption],
-    share: float,
-    world: int,
-    caps: tuple[int, int],
-    batch_size: int,
-    price: Price,
-    split: bool,
+    tables: Sequence[ModuleTable], chosen: Mapping[str, KernelOption], share: float, world: int, caps: tuple[int, int], batch_size: int, price: Price, split: bool
 ) -> Offload | None:
     """One share's proposal: the tables ``chosen`` sends to host memory placed by ``place``
     (none: all in HBM, planned exactly as without this stage); with ``split``, first every
@@ -339,20 +332,19 @@ def _splits(table: ModuleTable, world: int, hbm_cap: int) -> bool:
 
 
 def _split_reason(option: KernelOption, share: float, hbm_cap: int) -> str:
-    what = option.kernel.value + (f" (cache load factor {option.load_factor:g})" if option.kernel.cached else "")
     return (
-        f"row-wise over every rank on {what}: its weights, over {ROW_SPLIT_SHARE:.0%} of a rank's {hbm_cap:,} bytes "
-        f"of HBM, pack the ranks badly whole (the tables fit {share:.0%} of their HBM)"
+        f"row-wise over every rank on {_kernel_name(option)}: its weights, over {ROW_SPLIT_SHARE:.0%} of a rank's {hbm_cap:,} "
+        f"bytes of HBM, pack the ranks badly whole (the tables fit {share:.0%} of their HBM)"
     )
 
 
 def _reason(option: KernelOption, share: float) -> str:
-    what = option.kernel.value + (f" (cache load factor {option.load_factor:g})" if option.kernel.cached else "")
     fit = "its constraints allow it no kernel in HBM" if math.isinf(share) else f"the tables fit {share:.0%} of the ranks' HBM with it in host memory"
-    return (
-        f"{what}: {fit}, "
-        f"at a predicted UVM penalty of {option.penalty_ms:.3g} ms per step"
-    )
+    return f"{_kernel_name(option)}: {fit}, at a predicted UVM penalty of {option.penalty_ms:.3g} ms per step"
+
+
+def _kernel_name(option: KernelOption) -> str:
+    return option.kernel.value + (f" (cache load factor {option.load_factor:g})" if option.kernel.cached else "")
 
 
 def place(

@@ -120,8 +120,7 @@ def greedy_runs(
     smax, R = order.shape
     reserved = np.asarray(task.reserved if reserved is None else reserved, dtype=np.float64)  # [D]
     # placement 0: the start of every run; runs parting from their placement take new ones (<= R)
-    held = Placements.empty(R, D, keys.emb.shape[1], reserved)
-    n_held = 1
+    held, n_held = Placements.empty(R, D, keys.emb.shape[1], reserved), 1
     placement = np.zeros(R, dtype=np.int64)  # [R] the placement holding run r's
     shared = True  # some active runs may share a placement
     end_fwd, end_bwd, end_dims = np.zeros((R, D)), np.zeros((R, D)), np.zeros((R, D))
