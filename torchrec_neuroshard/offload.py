@@ -249,7 +249,8 @@ def attempts(
     """What the planner tries in turn (see the module docstring): when the tables fit all
     ranks' HBM on their cheapest kernels, those (no offload at all unless constraints
     allow a table only UVM kernels); with no host memory, that alone (the search's own
-    error then stands); then each ``HBM_SHARES`` budget whose choice differs. Raises the
+    error then stands); then each ``HBM_SHARES`` budget's choice, its tables whole and
+    split by rows (above ``WHOLE_MAX_SHARE``: split only), each proposal once. Raises the
     shortfall error when even the largest share cannot be met."""
     if host_cap is None:
         yield Offload()
