@@ -115,7 +115,7 @@ def greedy_runs(
     D = task.num_devices
     cap = np.repeat(np.asarray(caps if caps is not None else [task.memory_cap_bytes] * len(states), dtype=np.float64), len(scales))
     order, dim_cap, length = _run_orders(keys, states, scales, D)
-    dim_cap = _whole_columns(dim_cap)  # [R] int64: the dim sums compare as whole numbers
+    dim_cap = _whole_columns(dim_cap)  # [R] int64: the int32 dim sums compare as whole numbers
     width = keys.width.astype(np.int32)  # [K] whole columns, as the dim sums hold them
     smax, R = order.shape
     reserved = np.asarray(task.reserved if reserved is None else reserved, dtype=np.float64)  # [D]
@@ -175,12 +175,12 @@ def _filled(n: int, value: float, dtype: type | np.dtype) -> np.ndarray:
     return out
 
 
-def _whole_columns(dim_cap: np.ndarray) -> np.ndarray:
-    """[R] int64 the dim caps ``dim_cap`` [R] rounded down, within the greedy's int32 dim
-    sums' range: a dim sum of whole columns plus a shard's fits ``cap`` exactly when it fits
-    ``floor(cap)``, so each step's room is one integer subtraction."""
-    info = np.iinfo(np.int32)
-    return np.minimum(np.maximum(np.floor(dim_cap), info.min), info.max).astype(np.int64)
+def _whole_columns(room: np.ndarray, within: type | np.dtype = np.int32) -> np.ndarray:
+    """int64 ``room`` [N] rounded down, clipped to ``within``'s range (the dim sums' type): a
+    dim sum of whole columns fits ``room`` exactly when it fits ``floor(room)``, so the
+    greedy's rooms are integer subtractions and comparisons."""
+    info = np.iinfo(within)
+    return np.minimum(np.maximum(np.floor(room), info.min), info.max).astype(np.int64)
 
 
 def _one_run_per_placement(
@@ -313,9 +313,8 @@ def _least_loaded_with_room(
     argmin finds the least device, a second one whether another is within the tolerance;
     only those placements compare memory."""
     rows = np.arange(len(load))
-    if dims.dtype.kind in "iu" and dim_room.dtype.kind == "f":  # integers (ufuncs: np.clip costs more than the comparisons)
-        info = np.iinfo(dims.dtype)
-        dim_room = np.minimum(np.maximum(np.floor(dim_room), info.min), info.max).astype(dims.dtype)
+    if dims.dtype.kind in "iu" and dim_room.dtype.kind == "f":  # integer dims against float rooms (the greedy's are whole already)
+        dim_room = _whole_columns(dim_room, dims.dtype)
     blocked = dims > dim_room[:, None]  # [G, D]
     full = ((mem.max(1) if mem_max is None else mem_max) > mem_room).nonzero()[0]
     if 4 * full.size > len(load):  # most placements: one pass over all beats gathering them
