@@ -35,6 +35,7 @@ totals can still wait on every module (measured: ``studies/module_sync.py``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import astuple, dataclass, replace
 from typing import Callable, Sequence
 
@@ -97,10 +98,13 @@ def row_block_spec(table: TableSpec, rows: int, world_size: int) -> TableSpec:
     return replace(table, rows=max(1, rows), pooling_factor=table.pooling_factor / world_size)
 
 
-def row_blocks(table: TableSpec, placement: TablePlacement) -> list[tuple[int, TableSpec]]:
-    """(device, ``row_block_spec``) of each non-empty row block of a row-wise ``placement``."""
+@functools.lru_cache(maxsize=4096)
+def row_blocks(table: TableSpec, placement: TablePlacement) -> tuple[tuple[int, TableSpec], ...]:
+    """(device, ``row_block_spec``) of each non-empty row block of a row-wise ``placement``;
+    kept, so that a search pricing one row split in many plans makes its blocks (and
+    hashes them, as the embedding cache keys) once."""
     table = placement.spec_of(table)  # on the placement's kernel
-    return [(d, row_block_spec(table, r, len(placement.devices))) for r, d in zip(placement.rows, placement.devices) if r > 0]
+    return tuple((d, row_block_spec(table, r, len(placement.devices))) for r, d in zip(placement.rows, placement.devices) if r > 0)
 
 
 def priced_tables(tables: Sequence[TableSpec], plan: Plan) -> list[TableSpec]:

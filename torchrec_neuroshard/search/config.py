@@ -28,6 +28,14 @@ class SearchConfig:
     beam_width: int = 3
     top_k: int = 10
     max_steps: int = 10
+    scale_window: int | None = 2
+    """The beam's children run at each beam state's best max-dimension scale and this many
+    either side of it (and the last, no limit); the root at every scale. None: every scale."""
+    min_gain: float = 0.0
+    patience: int = 3
+    """The beam search stops after ``patience`` depths in a row whose best state lowered the
+    best greedy cost so far by less than ``min_gain`` of it (a negative ``min_gain``: it
+    goes on for all ``max_steps`` depths)."""
     local_search: bool = True
     """A final move/swap pass off the bottleneck device (beyond the prototype). Measured over
     two runs of the 20-task suite: 0.998 and 0.985 geomean cost ratio to the search without
@@ -40,6 +48,9 @@ class SearchConfig:
     """How many of the best-scored replication candidates to try replicating."""
     row_wise_grid: tuple[int, ...] = (0, 1, 2, 4)
     """How many of the costliest row-wise candidates to try splitting by rows."""
+    kinds_shortlist: int | None = 8
+    """How many kind choices the whole step prices: those of least estimate (their quick
+    greedy placement's cost plus what their row splits and replicas add); None: all."""
     kind_scales: tuple[float, ...] = (1.05, 1.25, math.inf)
     """The max-dimension scales of the quick greedy placement that prices each kind choice."""
     deadline: float | None = None

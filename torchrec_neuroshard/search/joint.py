@@ -69,7 +69,7 @@ def _kinds(task: Task, given: tuple[TablePlacement, ...], context: SearchContext
     the task, the given placements, the choices and the kind-choice knobs; one the planning
     budget cut short is not kept."""
     config = context.config
-    key = ("kinds", task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid)
+    key = ("kinds", task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid, config.kinds_shortlist)
     if key not in context.memo:
         kinds = choose_kinds(task, context.model, config, choice, context.embed, given)
         if past(config.deadline):

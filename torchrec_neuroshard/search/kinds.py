@@ -128,16 +128,34 @@ def _cheapest(
     if runs is None:  # the planning budget ran out: no kinds beyond the given
         return None
     per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
+    estimate = per_state.min(1) + _fixed_estimate(task, model, embed, [fixed[len(given) :] for fixed in grid])  # [states]
+    shortlist = set(np.argsort(estimate, kind="stable")[: config.kinds_shortlist].tolist()) if config.kinds_shortlist else None
     for i, fixed in enumerate(grid):
         if best is not None and past(config.deadline):
             break
-        if not np.isfinite(per_state[i].min()):
+        if not np.isfinite(per_state[i].min()) or (shortlist is not None and i not in shortlist):
             continue
         placed = plan_of(task, keys, runs, i * len(config.kind_scales) + int(per_state[i].argmin()))
         cost = predict_step(model, task, with_fixed(placed, fixed, task), embed).cost_ms
         if best is None or cost < best[0] - 1e-9:
             best = (cost, fixed)
     return best[1] if best is not None else None
+
+
+def _fixed_estimate(task: Task, model: CostModel, embed: Embedder, chosen: Sequence[Kinds]) -> np.ndarray:
+    """[len(chosen)] what each choice's own placements add to the step, at most: the
+    slowest device of its row splits alone (``predict_step``, once per distinct set) plus
+    its replicas' ms (the same on every device)."""
+    links = Collectives.of(model, task).links
+    rows_ms: dict[Kinds, float] = {}
+    out = np.zeros(len(chosen))
+    for i, fixed in enumerate(chosen):
+        rows = tuple(p for p in fixed if p.kind.splits_rows)
+        if rows not in rows_ms:
+            rows_ms[rows] = predict_step(model, task.subset([p.table for p in rows]), Plan(rows, task.num_devices), embed).cost_ms if rows else 0.0
+        replicated = [task.table(p.table) for p in fixed if p.kind is ShardingKind.DATA_PARALLEL]
+        out[i] = rows_ms[rows] + (sum(data_parallel_ms(model.step_parts, replicated, task.batch_size, task.num_devices, links).values()) if replicated else 0.0)
+    return out
 
 
 def _cheapest_whole(grid: Sequence[Kinds], task: Task, model: CostModel, embed: Embedder) -> tuple[float, Kinds] | None:

@@ -47,9 +47,9 @@ def split_and_place(
     runs = _kept_runs(memo, task, model, keys, [root], config.scales)
     best_cost = float(runs.cost.min())
     plans = [plan_of(task, keys, runs, int(runs.cost.argmin()))] if math.isfinite(best_cost) else []
-    beam = [root]
+    beam, beam_scales = [root], [int(runs.cost.argmin())]  # each beam state's best scale, of config.scales
     seen = {root}
-    evaluated = 1
+    evaluated, stale = 1, 0  # stale: depths in a row without the least gain
     for depth in range(config.max_steps):
         if past(config.deadline):
             break
@@ -59,22 +59,37 @@ def split_and_place(
             break
         seen.update(children)
         keys.ensure([k for c in children for k in state_keys(c)])
+        used = _near_scales(len(config.scales), beam_scales, config.scale_window)  # indices into config.scales
+        scales = tuple(config.scales[j] for j in used)
         if depth == 0:  # the root's children, the same at every beam width
-            runs = _kept_runs(memo, task, model, keys, children, config.scales, config.deadline)
+            runs = _kept_runs(memo, task, model, keys, children, scales, config.deadline)
         else:
-            runs = greedy_runs(task, model, keys, children, config.scales, deadline=config.deadline)
+            runs = greedy_runs(task, model, keys, children, scales, deadline=config.deadline)
         if runs is None:  # the planning budget ran out before these runs ended
             break
         evaluated += len(children)
-        per_state = runs.cost.reshape(len(children), len(config.scales))
-        state_cost = per_state.min(1)
-        ranked = np.argsort(state_cost, kind="stable")
-        beam = [children[i] for i in ranked[: config.beam_width]]
+        per_state = runs.cost.reshape(len(children), len(scales))
+        ranked = np.argsort(per_state.min(1), kind="stable")
+        beam, beam_scales = [children[i] for i in ranked[: config.beam_width]], [used[int(per_state[i].argmin())] for i in ranked[: config.beam_width]]
         i = int(ranked[0])
-        if state_cost[i] < best_cost:
-            best_cost = float(state_cost[i])
-            plans.append(plan_of(task, keys, runs, i * len(config.scales) + int(per_state[i].argmin())))
+        cost = float(per_state[i].min())
+        gained = not math.isfinite(best_cost) or cost < best_cost * (1.0 - config.min_gain)  # nothing fits yet: deeper
+        if cost < best_cost:
+            best_cost = cost
+            plans.append(plan_of(task, keys, runs, i * len(scales) + int(per_state[i].argmin())))
+        stale = 0 if gained else stale + 1
+        if stale >= config.patience:
+            break
     return plans, evaluated
+
+
+def _near_scales(n_scales: int, best: Sequence[int], window: int | None) -> list[int]:
+    """The scales (indices of ``n_scales``) a depth's children run at: each beam state's
+    best (``best``) and ``window`` on either side, and the last (no limit, the last resort);
+    every one when ``window`` is None."""
+    if window is None:
+        return list(range(n_scales))
+    return sorted({n_scales - 1} | {j for b in best for j in range(max(0, b - window), min(n_scales, b + window + 1))})
 
 
 def _kept_runs(
