@@ -1,4 +1,5 @@
-"""The table of ``benchmarks.search_speed_full``'s rows: NeuroShard before and after the
+"""The tables of ``benchmarks.search_speed_full``'s rows: NeuroShard's ``plan()`` on the
+held-out pools (the last commit's rows), and on the training pool before and after the
 planning-speed work (by commit), TorchRec's planner beside, and NeuroShard's profiles."""
 
 from __future__ import annotations
@@ -31,6 +32,37 @@ def _fastest_torchrec(rows: list[dict | None]) -> dict | None:
 
 
 def report(rows: list[dict]) -> str:
+    held_out = [r for r in rows if r.get("pool_seed", 0) != 0]
+    training = [r for r in rows if r.get("pool_seed", 0) == 0]
+    parts = [held_out_table(held_out)] if held_out else []
+    return "\n\n".join(parts + ["## The training pool (seed 0)\n\n" + training_table(training)])
+
+
+def held_out_table(rows: list[dict]) -> str:
+    """NeuroShard's ``plan()`` seconds per task (rows) and held-out pool (columns), the
+    newest commit's rows; the plans' predicted steps and peak memory beside."""
+    mine = [r for r in rows if r["planner"] == "neuroshard"]
+    newest = mine[-1]["commit"]
+    last = {(r["tables"], r["devices"], r["pool_seed"]): r for r in mine if r["commit"] == newest}
+    pools = sorted({p for _, _, p in last})
+    lines = [
+        f"## Held-out pools: `NeuroShardPlanner.plan()` end to end (commit {newest})",
+        "",
+        "Each cell: wall seconds of the first `plan()` of a fresh process (CPU seconds), the cost model loaded inside it.",
+        "",
+        "| T | D | " + " | ".join(f"pool {p}" for p in pools) + " | predicted ms (our model) | peak MB |",
+        "|---" * (len(pools) + 4) + "|",
+    ]
+    for tables, devices in sorted({(t, d) for t, d, _ in last}):
+        cells = [last.get((tables, devices, p)) for p in pools]
+        ok = [r for r in cells if r is not None and r["status"] == "ok"]
+        pred = " / ".join(f"{r['predicted_ms']:.2f}" for r in ok) or "-"
+        peak = f"{max(r['peak_mb'] for r in ok):.0f}" if ok else "-"
+        lines.append(f"| {tables} | {devices} | " + " | ".join(_cell(r) for r in cells) + f" | {pred} | {peak} |")
+    return "\n".join(lines)
+
+
+def training_table(rows: list[dict]) -> str:
     before, after = _latest(rows, "neuroshard", True), _latest(rows, "neuroshard", False)
     dp, timed = _latest(rows, "torchrec_dp", False), _latest(rows, "torchrec_timeout", False)
     commits = sorted({r["commit"] for r in after.values()})
