@@ -104,6 +104,7 @@ def plan_one(num_tables: int, num_devices: int, pool: int, planner: str, timeout
     from benchmarks.fullsize import as_planned, plan_with, topology_for
     from torchrec_neuroshard.costmodel import cost_model_for, load_pretrained
     from torchrec_neuroshard.search import predicted_breakdown
+    from torchrec_neuroshard.types import Links
 
     if planner != "neuroshard":
         limit = TORCHREC_MEMORY_GB * 2**30
@@ -120,8 +121,10 @@ def plan_one(num_tables: int, num_devices: int, pool: int, planner: str, timeout
         if profiler:
             profiler.disable()
         row.update(planning_s=round(time.perf_counter() - wall, 2), cpu_s=round(time.process_time() - cpu, 2))
-        model = cost_model_for(topology_for(task), load_pretrained("h200")).with_batch_size(task.batch_size)
-        task, model = as_planned(task, model, plan, topology_for(task))
+        topology = topology_for(task)
+        task = dataclasses.replace(task, links=Links.of(topology))  # replicas' all-reduce priced on the links, as the planner does
+        model = cost_model_for(topology, load_pretrained("h200")).with_batch_size(task.batch_size)
+        task, model = as_planned(task, model, plan, topology)
         plan.validate(task)
         row.update(status="ok", note=about["note"], predicted_ms=predicted_breakdown(model, task, plan)[0])
     except Exception as e:  # noqa: BLE001 - a planner failing is a result
