@@ -35,7 +35,9 @@ class SearchConfig:
     patience: int = 3
     """The beam search stops after ``patience`` depths in a row whose best state lowered the
     best greedy cost so far by less than ``min_gain`` of it (a negative ``min_gain``: it
-    goes on for all ``max_steps`` depths)."""
+    goes on for all ``max_steps`` depths). With ``scale_window`` and ``kinds_shortlist``
+    (beyond the published search): the same plans on held-out pools 2-4 (856 full-size
+    tables, D = 8-128) in 0.28-1.03x the time (studies/results/heldout_speed_ab.md)."""
     local_search: bool = True
     """A final move/swap pass off the bottleneck device (beyond the prototype). Measured over
     two runs of the 20-task suite: 0.998 and 0.985 geomean cost ratio to the search without
