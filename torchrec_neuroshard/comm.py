@@ -13,6 +13,7 @@ model as soon as ``neuroshard collect comm`` has run on NCCL (``neuroshard calib
 from __future__ import annotations
 
 import abc
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -127,11 +128,9 @@ class AlphaBetaComm(CommModel):
         """(sent within the host, received within, sent to other hosts, received from
         them) [..., D] of each rank of an exchange ``send_bytes`` [..., D, D]."""
         b = np.asarray(send_bytes, dtype=np.float64)
-        n = b.shape[-1]
-        host = self._hosts(n)
-        same = host[:, None] == host[None, :]
-        intra, inter = same & ~np.eye(n, dtype=bool), ~same
-        return (b * intra).sum(-1), (b * intra).sum(-2), (b * inter).sum(-1), (b * inter).sum(-2)
+        intra, inter = _host_masks(b.shape[-1], self.local_world_size)
+        within, across = b * intra, b * inter
+        return within.sum(-1), within.sum(-2), across.sum(-1), across.sum(-2)
 
     def all_to_all_ms(self, send_bytes: np.ndarray) -> np.ndarray:
         """Per-rank ms [..., D] of an all-to-all where rank i sends ``send_bytes[..., i, j]``
@@ -186,3 +185,14 @@ class AlphaBetaComm(CommModel):
             per_peer * (n - host_size), per_peer.sum(1, keepdims=True) - host_sum, n,
         )  # fmt: skip
         return np.repeat(cost.astype(np.float32)[:, :, None], 2, axis=2)
+
+
+@functools.lru_cache(maxsize=16)
+def _host_masks(world_size: int, local_world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """[D, D] whether ranks i and j are two ranks of one host, and whether they are on
+    different hosts (kept: a search prices thousands of exchanges on one topology)."""
+    host = np.arange(world_size) // local_world_size
+    same = host[:, None] == host[None, :]
+    intra, inter = same & ~np.eye(world_size, dtype=bool), ~same
+    intra.flags.writeable = inter.flags.writeable = False
+    return intra, inter
