@@ -98,7 +98,7 @@ def row_block_spec(table: TableSpec, rows: int, world_size: int) -> TableSpec:
     return replace(table, rows=max(1, rows), pooling_factor=table.pooling_factor / world_size)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # a split over 1,024 ranks keeps 1,024 specs
 def row_blocks(table: TableSpec, placement: TablePlacement) -> tuple[tuple[int, TableSpec], ...]:
     """(device, ``row_block_spec``) of each non-empty row block of a row-wise ``placement``;
     kept, so that a search pricing one row split in many plans makes its blocks (and

@@ -128,8 +128,10 @@ def _cheapest(
     if runs is None:  # the planning budget ran out: no kinds beyond the given
         return None
     per_state = runs.cost.reshape(len(grid), len(config.kind_scales))
-    estimate = per_state.min(1) + _fixed_estimate(task, model, embed, [fixed[len(given) :] for fixed in grid])  # [states]
-    shortlist = set(np.argsort(estimate, kind="stable")[: config.kinds_shortlist].tolist()) if config.kinds_shortlist else None
+    shortlist = None  # every choice priced
+    if config.kinds_shortlist and len(grid) > config.kinds_shortlist:  # (the estimate prices row splits: not for nothing)
+        estimate = per_state.min(1) + _fixed_estimate(task, model, embed, [fixed[len(given) :] for fixed in grid])  # [states]
+        shortlist = set(np.argsort(estimate, kind="stable")[: config.kinds_shortlist].tolist())
     for i, fixed in enumerate(grid):
         if best is not None and past(config.deadline):
             break
