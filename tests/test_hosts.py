@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from torchrec_neuroshard.comm import AlphaBetaComm
+from torchrec_neuroshard.comm import AlphaBetaComm, OuterExchange, PairExchange
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import search
@@ -39,6 +39,24 @@ def every_kind(task: Task, twrw_host: int, local: int) -> Plan:
         ),
         4,
     )
+
+
+@pytest.mark.parametrize("world, local", [(1, 1), (6, 6), (12, 4), (10, 4)])
+def test_exchanges_price_as_their_dense_matrix(world: int, local: int) -> None:
+    """The O(D) exchanges the step's collectives use give each rank the bytes of the dense
+    [D, D] matrix they stand for, within and across hosts (also a last, partial host)."""
+    rng = np.random.default_rng(world)
+    links = AlphaBetaComm(batch_size=64, intra_host_bw=300 * GB_PER_S, inter_host_bw=25 * GB_PER_S, local_world_size=local)
+    sender, receiver = rng.uniform(0, 1e6, world), rng.uniform(0, 3, world)
+    receiver[rng.uniform(size=world) < 0.3] = 0.0  # ranks outside the exchange
+    dense = sender[:, None] * receiver[None, :]
+    np.fill_diagonal(dense, 0.0)
+    src, dst = np.nonzero(dense)
+    for exchange in (OuterExchange(sender, receiver), PairExchange(world, src, dst, dense[src, dst])):
+        np.testing.assert_allclose(links.all_to_all_ms(exchange), links.all_to_all_ms(dense), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(links.cross_host_ms(exchange), links.cross_host_ms(dense), rtol=1e-12, atol=1e-12)
+    if world == local:  # one host: nothing crosses, exactly
+        assert not links.cross_host_ms(OuterExchange(sender, receiver)).any()
 
 
 def test_links_of_one_host_change_no_price() -> None:

@@ -124,20 +124,24 @@ class AlphaBetaComm(CommModel):
     def _hosts(self, world_size: int) -> np.ndarray:
         return np.arange(world_size) // self.local_world_size
 
-    def _link_bytes(self, send_bytes: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _link_bytes(self, send_bytes: "np.ndarray | Exchange") -> tuple[np.ndarray, ...]:
         """(sent within the host, received within, sent to other hosts, received from
-        them) [..., D] of each rank of an exchange ``send_bytes`` [..., D, D]."""
+        them) [..., D] of each rank of an exchange ``send_bytes`` [..., D, D] (or an
+        ``Exchange``, priced without the dense matrix)."""
+        if isinstance(send_bytes, Exchange):
+            return send_bytes.link_bytes(self._hosts(send_bytes.world_size))
         b = np.asarray(send_bytes, dtype=np.float64)
         intra, inter = _host_masks(b.shape[-1], self.local_world_size)
         within, across = b * intra, b * inter
         return within.sum(-1), within.sum(-2), across.sum(-1), across.sum(-2)
 
-    def all_to_all_ms(self, send_bytes: np.ndarray) -> np.ndarray:
+    def all_to_all_ms(self, send_bytes: "np.ndarray | Exchange") -> np.ndarray:
         """Per-rank ms [..., D] of an all-to-all where rank i sends ``send_bytes[..., i, j]``
         bytes to rank j (the diagonal stays local and is ignored)."""
-        return self._exchange_ms(*self._link_bytes(send_bytes), np.shape(send_bytes)[-1])
+        world = send_bytes.world_size if isinstance(send_bytes, Exchange) else np.shape(send_bytes)[-1]
+        return self._exchange_ms(*self._link_bytes(send_bytes), world)
 
-    def cross_host_ms(self, send_bytes: np.ndarray) -> np.ndarray:
+    def cross_host_ms(self, send_bytes: "np.ndarray | Exchange") -> np.ndarray:
         """Per-rank ms [..., D] that the bytes of ``send_bytes`` (as ``all_to_all_ms``)
         crossing hosts take on the rank's inter-host link, the larger of what it sends and
         receives, no latency: the least an exchange measured within one host costs across
@@ -185,6 +189,67 @@ class AlphaBetaComm(CommModel):
             per_peer * (n - host_size), per_peer.sum(1, keepdims=True) - host_sum, n,
         )  # fmt: skip
         return np.repeat(cost.astype(np.float32)[:, :, None], 2, axis=2)
+
+
+class Exchange(abc.ABC):
+    """An exchange of bytes between D ranks whose per-rank link bytes have a form in O(D):
+    at 1,024 ranks the dense [D, D] matrix of who sends whom costs milliseconds to sum,
+    and a search prices thousands of exchanges."""
+
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int:
+        """D, the ranks of the exchange."""
+
+    @abc.abstractmethod
+    def link_bytes(self, host: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(sent within the host, received within, sent to other hosts, received from
+        them) [D] of each rank, ranks on hosts ``host`` [D]."""
+
+
+@dataclass(frozen=True, eq=False)
+class OuterExchange(Exchange):
+    """Rank i sends rank j (j != i) ``sender[i] * receiver[j]`` bytes, [D] each: every rank
+    sends every other the same (receiver all 1), or each rank is sent the same by all
+    (sender all 1), or a set of ranks exchange among themselves (both 0 off the set)."""
+
+    sender: np.ndarray
+    receiver: np.ndarray
+
+    @property
+    def world_size(self) -> int:
+        return len(self.sender)
+
+    def link_bytes(self, host: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        a = np.asarray(self.sender, dtype=np.float64)  # [D]
+        b = np.asarray(self.receiver, dtype=np.float64)  # [D]
+        host_a, host_b = np.bincount(host, weights=a), np.bincount(host, weights=b)  # [hosts]
+        # a rank's host's total, itself included, and what the other hosts hold: [D]
+        mates_a, mates_b = host_a[host], host_b[host]
+        others_a, others_b = host_a.sum() - mates_a, host_b.sum() - mates_b
+        return a * (mates_b - b), b * (mates_a - a), a * others_b, b * others_a
+
+
+@dataclass(frozen=True, eq=False)
+class PairExchange(Exchange):
+    """Rank ``src[k]`` sends rank ``dst[k]`` ``nbytes[k]`` bytes, [K] each, on D ranks
+    (``src[k] != dst[k]``)."""
+
+    world: int
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+
+    @property
+    def world_size(self) -> int:
+        return self.world
+
+    def link_bytes(self, host: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        src, dst = np.asarray(self.src, dtype=np.int64), np.asarray(self.dst, dtype=np.int64)  # [K]
+        nbytes = np.broadcast_to(np.asarray(self.nbytes, dtype=np.float64), src.shape)  # [K]
+        same = host[src] == host[dst]  # [K]
+        within, across = np.where(same, nbytes, 0.0), np.where(same, 0.0, nbytes)
+        return tuple(np.bincount(ranks, weights=w, minlength=self.world) for w in (within, across) for ranks in (src, dst))
 
 
 @functools.lru_cache(maxsize=16)

@@ -41,7 +41,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.comm import AlphaBetaComm
+from torchrec_neuroshard.comm import AlphaBetaComm, Exchange, OuterExchange, PairExchange
 from torchrec_neuroshard.hosts import host_ranks
 from torchrec_neuroshard.steparts import StepParts, collective_features, dp_features, input_dist_features
 from torchrec_neuroshard.types import (
@@ -159,24 +159,22 @@ class Collectives:
         """Whether row splits are priced: their collectives measured or the links known."""
         return self.prices(*ROW_WISE_COLLECTIVES)
 
-    def cost(self, op: str, features: Sequence[float], send: np.ndarray) -> np.ndarray:
+    def cost(self, op: str, features: Sequence[float], send: Exchange) -> np.ndarray:
         """ms [D] of collective ``op``: the measured part at ``features`` (one row for all
-        ranks, or one per rank), ``send`` [D, D] the bytes rank i sends rank j."""
+        ranks, or one per rank), ``send`` the bytes each rank sends each other."""
         if self.parts is not None and self.parts.has(op):
             measured = np.broadcast_to(self.parts.predict(op, features), (self.world,)).astype(np.float64)
             return measured if self.links is None else np.maximum(measured, self.links.cross_host_ms(send))
         return self.exchange(send)
 
-    def exchange(self, send: np.ndarray) -> np.ndarray:
+    def exchange(self, send: Exchange) -> np.ndarray:
         """ms [D] of an exchange no part measures, from the links (0 without them)."""
         return np.zeros(self.world) if self.links is None else self.links.all_to_all_ms(send)
 
 
-def _everyone_sends(per_peer: np.ndarray) -> np.ndarray:
-    """The exchange [D, D] in which every rank i sends ``per_peer[i]`` bytes to each other rank."""
-    send = np.repeat(np.asarray(per_peer, dtype=np.float64)[:, None], len(per_peer), axis=1)
-    np.fill_diagonal(send, 0.0)
-    return send
+def _everyone_sends(per_peer: np.ndarray) -> OuterExchange:
+    """The exchange in which every rank i sends ``per_peer[i]`` bytes to each other rank."""
+    return OuterExchange(np.asarray(per_peer, dtype=np.float64), np.ones(len(per_peer)))
 
 
 def data_parallel_ms(
@@ -365,17 +363,13 @@ def _row_collectives(
         if n > 1:
             mine = np.zeros(world, dtype=bool)
             mine[list(ranks)] = True
-            send = np.zeros((world, world))
-            send[np.ix_(ranks, ranks)] = nbytes / n
-            np.fill_diagonal(send, 0.0)
+            send = OuterExchange(np.where(mine, nbytes / n, 0.0), mine.astype(np.float64))  # among the ranks
             for op in ("reduce_scatter", "all_gather"):
                 out[op] += np.where(mine, collectives.cost(op, collective_features(op, n, nbytes), send), 0.0)
         if n < world:  # rank k of the host sends each other host's rank k its local samples
-            send = np.zeros((world, world))
-            for r in ranks:
-                peers = [q for q in range(r % span, world, span) if q not in ranks]
-                send[r, peers] = local * dim * POOLED_BYTES
-            out["cross_host"] += collectives.exchange(send)
+            pairs = [(r, q) for r in ranks for q in range(r % span, world, span) if q not in ranks]
+            src, dst = np.asarray(pairs, dtype=np.int64).reshape(-1, 2).T
+            out["cross_host"] += collectives.exchange(PairExchange(world, src, dst, local * dim * POOLED_BYTES))
     return out
 
 
@@ -393,7 +387,6 @@ def _input_dist(collectives: Collectives, devices: Sequence[Sequence[Shard]], lo
     to_device = np.asarray(
         [sum(local * (s.table.pooling_factor * INDEX_BYTES + LENGTH_BYTES) for s in dev) for dev in devices]
     )
-    send = np.repeat(to_device[None, :], world, axis=0)  # [D, D]: rank r sends rank j to_device[j]
-    np.fill_diagonal(send, 0.0)
-    x = [input_dist_features(world, s, r) for s, r in zip(send.sum(1), send.sum(0))]
-    return collectives.cost("input_dist", x, send)
+    sent, received = to_device.sum() - to_device, (world - 1) * to_device  # [D] each
+    x = [input_dist_features(world, s, r) for s, r in zip(sent, received)]
+    return collectives.cost("input_dist", x, OuterExchange(np.ones(world), to_device))  # rank r sends rank j to_device[j]
