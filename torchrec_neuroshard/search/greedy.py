@@ -313,16 +313,16 @@ def _least_loaded_with_room(
     argmin finds the least device, a second one whether another is within the tolerance;
     only those placements compare memory."""
     rows = np.arange(len(load))
-    if dims.dtype.kind in "iu" and dim_room.dtype.kind == "f":  # integer dims against float rooms (the greedy's are whole already)
-        dim_room = _whole_columns(dim_room, dims.dtype)
+    if dims.dtype.kind in "iu":  # rooms in the dims' own type (an int64 room would widen every dim)
+        dim_room = _whole_columns(dim_room, dims.dtype).astype(dims.dtype)
     blocked = dims > dim_room[:, None]  # [G, D]
     full = ((mem.max(1) if mem_max is None else mem_max) > mem_room).nonzero()[0]
     if 4 * full.size > len(load):  # most placements: one pass over all beats gathering them
         blocked |= mem > mem_room[:, None]
     elif full.size:
         blocked[full] |= mem[full] > mem_room[full, None]
-    masked = load.copy()  # [G, D]
-    np.putmask(masked, blocked, np.inf)
+    masked = blocked * _BLOCKED  # [G, D]: a multiply and an add, where putmask branches on every device
+    masked += load
     first = masked.argmin(1)
     least = masked[rows, first]
     masked[rows, first] = np.inf
@@ -334,8 +334,12 @@ def _least_loaded_with_room(
         tie = masked[t] <= least[t, None] + 1e-9  # [T, D]
         own = mem[t] if reserved is None else mem[t] - reserved  # [T, D] the placement's own bytes
         device[t] = np.where(tie, own, np.inf).argmin(1)
-    device[~np.isfinite(least)] = -1
+    device[~(least < _BLOCKED)] = -1  # (also a load not finite)
     return device, first
+
+
+_BLOCKED = 1e300
+"""The load a device without room scans at: above any load (1e300 + load is 1e300)."""
 
 
 def plan_of(task: Task, keys: Keys, runs: Runs, r: int) -> Plan:
