@@ -55,7 +55,7 @@ from torchrec_neuroshard.planner_args import (
     reservation_of,
 )
 from torchrec_neuroshard.plan_loading import load_plan, planner_context
-from torchrec_neuroshard.planner_memory import MemoryPlanning
+from torchrec_neuroshard.planner_memory import MemoryPlanning, PlanRefiner, check_refiner
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
 from torchrec_neuroshard.stats import empty_device_line, format_plan_stats, log_stats, replica_overhead_line, stats_list
@@ -130,6 +130,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             ``stepcost.priced_tables``).
         search_config: the search's knobs (beam width, scales, ...).
         access_hists: measured access histograms by table (``profile_batches``).
+        refiner: opt-in, refines the searched plan (``planner_memory.PlanRefiner``, e.g. ``lab.refine.MeasuredRefiner``).
 
     After ``plan``: ``plan_`` (our ``Plan``; a loaded plan's too where a ``Plan`` records
     its kinds, else None), ``task_`` (every table as a ``Task`` at the global batch) and
@@ -155,6 +156,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         cost_model: NeuralCostModel | str | Path | None = None,
         search_config: SearchConfig = SearchConfig(),
         access_hists: Mapping[str, tuple[float, ...]] | None = None,
+        refiner: PlanRefiner | None = None,
     ) -> None:
         refuse_replaced(enumerator=enumerator, proposer=proposer, partitioner=partitioner, performance_model=performance_model)
         self.topology = default_topology() if topology is None else check_topology(topology)
@@ -172,6 +174,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         self.cost_model = cost_model
         self.search_config = search_config
         self.access_hists = access_hists
+        self.refiner = check_refiner(refiner)
 
     # ------------------------------------------------------------------ public API
 

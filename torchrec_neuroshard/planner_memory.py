@@ -13,17 +13,35 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 from torchrec_neuroshard.offload import Offload, attempts
 from torchrec_neuroshard.search.config import past
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.tables import ModuleTable
 from torchrec_neuroshard.triage import Triage, triage
-from torchrec_neuroshard.types import InfeasibleError, Links, Plan, Shard, ShardingKind, TableSpec, Task
+from torchrec_neuroshard.types import CostModel, InfeasibleError, Links, Plan, Shard, ShardingError, ShardingKind, TableSpec, Task
 from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
 logger = logging.getLogger("torchrec_neuroshard.planner")
+
+@runtime_checkable
+class PlanRefiner(Protocol):
+    """What refines the searched plan of ``task`` (planned for ``compute_device`` devices)
+    within ``deadline`` (a ``time.perf_counter()`` reading, None: its own budget): a valid
+    plan of the same tables, or ``plan`` itself."""
+
+    def refine(self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None) -> Plan: ...
+
+
+def check_refiner(refiner: object) -> PlanRefiner | None:
+    if refiner is not None and not isinstance(refiner, PlanRefiner):
+        raise ShardingError(
+            f"refiner is a {type(refiner).__name__}, which has no refine(task, model, plan, compute_device, deadline); "
+            "give a PlanRefiner such as torchrec_neuroshard.lab.refine.MeasuredRefiner(), or None"
+        )
+    return refiner
+
 
 KEPT_ATTEMPTS = 3
 """Feasible offload proposals planned (each by a quick search) before the cheapest is
@@ -63,11 +81,23 @@ class MemoryPlanning:
         if attempt.placements and not past(deadline):  # the chosen proposal, searched in full
             self._plan_tables(tables, attempt, cap, host_cap, start, memo)
             decided = self._decided
+        if self.refiner is not None and self.search_result_ is not None and not past(deadline):
+            self._refine(deadline)
         self._overran = time.perf_counter() - start if past(deadline) else None
         if self.plan_.offloaded():
             logger.info("UVM kernels priced by the shipped UVM pricing, %s", UvmPricing.shipped().source)
         if self.search_result_ is not None:
             self._report(tables, decided, cap)
+
+    def _refine(self, deadline: float | None) -> None:
+        """``plan_`` and ``search_result_`` from the ``refiner``'s plan, checked and priced."""
+        model = self._model.with_batch_size(self.task_.batch_size)
+        refined = self.refiner.refine(self.task_, model, self.plan_, self.topology.compute_device, deadline)
+        if refined is not self.plan_:
+            refined.validate(self.task_)
+            step = predict_step(model, self.task_, refined)
+            self.plan_ = refined
+            self.search_result_ = replace(self.search_result_, plan=refined, predicted_cost_ms=step.cost_ms, devices=step.devices)
 
     def _plan_tables(
         self,

@@ -1,0 +1,97 @@
+"""Measured refinement at plan time (issue 43, item 4): the refiner keeps a move only where
+the measurement says it pays, logs predicted against measured per device, runs inside the
+planner's budget, and says so where it cannot time the plan's kernels."""
+
+import logging
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import Topology
+
+from torchrec_neuroshard import NeuroShardPlanner
+from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.lab.refine import MeasuredRefiner, best_move, device_compute
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.search import search
+from torchrec_neuroshard.tables import module_for_tables
+from torchrec_neuroshard.types import ShardingError, Task
+
+
+def small_task(devices: int = 4) -> Task:
+    return generate_task(synthetic_pool(seed=2), 24, devices, WorkloadScale(64, 1024), seed=1)
+
+
+def dims_timer(slow_device: int):
+    """A machine on which ``slow_device`` runs at a third of the others' speed and a device's
+    time is its column count: the model does not know it."""
+
+    def timer(task: Task, plans: dict, device: int) -> dict[str, float]:
+        return {name: plan.device_dims()[device] * (3.0 if device == slow_device else 1.0) for name, plan in plans.items()}
+
+    return timer
+
+
+def test_refinement_moves_work_off_the_device_measured_slow(caplog) -> None:
+    task, model = small_task(), load_pretrained("cpu")
+    plan = search(task, model).plan
+    before = np.asarray(plan.device_dims(), dtype=float) * np.asarray([3.0, 1, 1, 1])
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+        refined = MeasuredRefiner(seconds=30).refine_with(task, model, plan, dims_timer(0))
+    refined.validate(task)
+    after = np.asarray(refined.device_dims(), dtype=float) * np.asarray([3.0, 1, 1, 1])
+    assert after.max() < before.max()  # the slow device gave work away, and no device is now slower
+    assert "device 0 predicted" in caplog.text and "rank correlation" in caplog.text
+
+
+def test_a_move_the_measurement_rejects_is_not_kept() -> None:
+    """Where every move measures worse than the plan it changes, the plan comes back unchanged."""
+    task, model = small_task(), load_pretrained("cpu")
+    plan = search(task, model).plan
+
+    def every_move_slower(task: Task, plans: dict, device: int) -> dict[str, float]:
+        return {"plan": 50.0 + 10 * device} if "plan" in plans else {"old": 50.0, "new": 100.0}
+
+    assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, every_move_slower) == plan
+
+
+def test_best_move_respects_memory() -> None:
+    """A move to a device with no room left is never proposed; with room, it is."""
+    task, model = small_task(2), load_pretrained("cpu")
+    plan = search(task, model).plan
+    used = plan.device_memory(task.tables, task.batch_size)
+    slow = int(np.argmin(used))  # measured slow, while the other device is the fuller one
+    predicted = device_compute(model, task, plan)
+    measured = predicted * np.where(np.arange(2) == slow, 10.0, 1.0)
+    for cap, moves in ((max(used), False), (10 * max(used), True)):
+        tight = replace(task, memory_cap_bytes=cap)
+        assert (best_move(model, tight, plan, measured / predicted, measured, 1, set()) is not None) is moves
+
+
+def test_planner_refines_with_real_kernels_within_its_budget(caplog) -> None:
+    task = small_task(2)
+    topology = Topology(world_size=2, compute_device="cpu")
+    planner = NeuroShardPlanner(topology, task.per_rank_batch, refiner=MeasuredRefiner(seconds=20, rounds=1, repeats=1), timeout_seconds=60)
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+        planner.plan(module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])
+    assert time.perf_counter() - start < 60 + 10  # the budget bounds refinement (a move's timing may end past it)
+    assert "measured refinement, before" in caplog.text and "measured refinement, after" in caplog.text
+    planner.plan_.validate(planner.task_)
+
+
+def test_refiner_says_so_where_it_cannot_time_the_kernels(caplog) -> None:
+    task, model = small_task(2), load_pretrained("cpu")
+    plan = search(task, model).plan
+    with caplog.at_level(logging.WARNING, logger="torchrec_neuroshard"):
+        same = MeasuredRefiner().refine(task, model, plan, "mtia")
+    assert same is plan and "unrefined" in caplog.text
+
+
+def test_refiner_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="seconds"):
+        MeasuredRefiner(seconds=0)
+    with pytest.raises(ShardingError, match="PlanRefiner"):
+        NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), refiner=object())

@@ -1,0 +1,218 @@
+"""Measured refinement at plan time (issue 43, item 4): the search's plan timed device by
+device on the machine that plans it, and shards moved off the slowest measured device
+while the measurement says the move pays.
+
+``MeasuredRefiner`` is what ``NeuroShardPlanner(refiner=...)`` takes (its ``PlanRefiner``):
+
+1. Every device of the plan is timed as the judge times it (``judge.time_device``: its
+   fused kernels and replicas, one untimed step, the median of ``repeats``, ``rounds``
+   rounds); the planner's log gets each device's predicted and measured ms.
+2. Each device's measured / predicted ratio corrects the model for that device. Of the
+   moves of one table-wise or column shard from the slowest measured device to one of the
+   ``targets`` least-measured ones, the one whose corrected prediction leaves the two
+   devices least is tried: the old plan's and the new plan's work on both devices timed
+   interleaved, round by round; it is kept when the slower of the two new devices beats
+   the old slowest by ``margin``. A move not kept is not tried again.
+   Either way the two devices keep their newer measurement.
+3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
+   run out; a budget that ends before every device was timed leaves the plan as it was.
+
+It measures where the kernels run here: a CPU topology on this CPU, a cuda one where torch
+sees a GPU. Planning for GPUs on a machine without one, it says so and returns the plan.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from torchrec_neuroshard.lab.evaluate import task_lookups
+from torchrec_neuroshard.lab.judge import JudgeConfig, rank_correlation, time_device
+from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingKind, Task
+
+logger = logging.getLogger("torchrec_neuroshard")
+
+Timer = Callable[[Task, Mapping[str, Plan], int], dict[str, float]]
+"""ms of each plan's work on one device, the plans timed interleaved."""
+
+
+@dataclass(frozen=True)
+class MeasuredRefiner:
+    """Moves shards off the slowest measured device while measurement says it pays.
+
+    Attributes:
+        seconds: the most refinement may take (the planner's ``timeout_seconds`` also bounds it).
+        rounds, repeats: the judge's rounds per measurement and timed steps per round.
+        targets: the least-measured devices a move may go to.
+        margin: the share by which a move's slower device must beat the old slowest.
+        seed: the draw of ids the kernels are timed on.
+    """
+
+    seconds: float = 60.0
+    rounds: int = 3
+    repeats: int = 3
+    targets: int = 2
+    margin: float = 0.03
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError(f"MeasuredRefiner.seconds is {self.seconds}: give a positive number of seconds")
+        for name in ("rounds", "repeats", "targets"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MeasuredRefiner.{name} is {getattr(self, name)}: give at least 1")
+        if not 0 <= self.margin < 1:
+            raise ValueError(f"MeasuredRefiner.margin is {self.margin}: give a share in [0, 1)")
+
+    def refine(self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None) -> Plan:
+        """``plan`` refined on this machine's measurement (see the module docstring), or
+        ``plan`` itself where its kernels cannot run here."""
+        on = _where(compute_device)
+        if on is None:
+            logger.warning(
+                "measured refinement: the plan is for %s devices and this machine has none to time its kernels on; "
+                "the search's plan, unrefined", compute_device,
+            )  # fmt: skip
+            return plan
+        stop = _stop(self.seconds, deadline)  # (the draw of ids counts too)
+        return self.refine_with(task, model, plan, self._judge_timer(task, on), stop)
+
+    def refine_with(self, task: Task, model: CostModel, plan: Plan, timer: Timer, deadline: float | None = None) -> Plan:
+        """``refine`` with the devices timed by ``timer``."""
+        stop = _stop(self.seconds, deadline)
+        measured = np.zeros(task.num_devices)  # [D]
+        for d in range(task.num_devices):
+            if time.perf_counter() >= stop:
+                logger.warning("measured refinement: the budget ran out before every device was timed; the search's plan, unrefined")
+                return plan
+            measured[d] = timer(task, {"plan": plan}, d)["plan"]
+        predicted = device_compute(model, task, plan)  # [D]
+        _log_devices(predicted, measured, "before")
+        tried: set[tuple[str, int, int]] = set()
+        kept = 0
+        while time.perf_counter() < stop:
+            ratio = np.where(predicted > 0, measured / np.maximum(predicted, 1e-12), 1.0)  # [D] measured / predicted
+            move = best_move(model, task, plan, ratio, measured, self.targets, tried)
+            if move is None:
+                break
+            candidate, slow, fast = move
+            tried.add(_key(plan, candidate, slow, fast))
+            times = [timer(task, {"old": plan, "new": candidate}, d) for d in (slow, fast)]
+            pays = max(t["new"] for t in times) < times[0]["old"] * (1 - self.margin)
+            logger.info(
+                "measured refinement: table %s from device %d to %d: %.2f and %.2f ms against %.2f and %.2f ms; %s",
+                _key(plan, candidate, slow, fast)[0], slow, fast, times[0]["new"], times[1]["new"], times[0]["old"],
+                times[1]["old"], "kept" if pays else "not kept",
+            )  # fmt: skip
+            if pays:
+                plan, kept = candidate, kept + 1
+                predicted = device_compute(model, task, plan)
+            measured[slow], measured[fast] = (t["new" if pays else "old"] for t in times)  # the newer measurement
+        _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
+        return plan
+
+    def _judge_timer(self, task: Task, on: torch.device) -> Timer:
+        draws = [task_lookups(task, seed=self.seed)]
+        config = JudgeConfig(passes=1, draws=1, rounds=self.rounds, repeats=self.repeats)
+
+        def timer(task: Task, plans: Mapping[str, Plan], device: int) -> dict[str, float]:
+            rows = time_device(task, plans, device, draws, config, on=on)
+            return {r["planner"]: statistics.median(np.add(r["fused_ms"], r["replicas_ms"]).tolist()) for r in rows}
+
+        return timer
+
+
+def _stop(seconds: float, deadline: float | None) -> float:
+    """The earlier of ``seconds`` from now and ``deadline``."""
+    return time.perf_counter() + seconds if deadline is None else min(deadline, time.perf_counter() + seconds)
+
+
+def _where(compute_device: str) -> torch.device | None:
+    """Where the plan's kernels run on this machine: its CPU for a CPU plan, a GPU for a cuda one (None: none here)."""
+    if compute_device == "cpu":
+        return torch.device("cpu")
+    return torch.device("cuda") if compute_device == "cuda" and torch.cuda.is_available() else None
+
+
+def device_compute(model: CostModel, task: Task, plan: Plan) -> np.ndarray:
+    """Predicted compute ms [D] of each device: its table-wise and column shards' kernels
+    (one per kind, as the judge times them) and its row blocks' and replicas' as
+    ``predict_step`` prices them."""
+    from torchrec_neuroshard.stepcost import predict_step
+
+    step = predict_step(model, task, plan)
+    return np.asarray([d.fwd_compute + d.bwd_compute for d in step.devices])
+
+
+def _groups(task: Task, plan: Plan, device: int) -> dict[ShardingKind, list[Shard]]:
+    """The table-wise and column shards on ``device``, by kind."""
+    out: dict[ShardingKind, list[Shard]] = {}
+    for p in plan.placements:
+        if p.kind in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE):
+            table = p.spec_of(task.table(p.table))
+            out.setdefault(p.kind, []).extend(Shard(table, w) for w, d in zip(p.widths, p.devices) if d == device)
+    return out
+
+
+def _kernels_ms(model: CostModel, groups: Sequence[Mapping[ShardingKind, list[Shard]]]) -> np.ndarray:
+    """Predicted ms [N] of N devices' shard groups, each kind one kernel."""
+    lists = [(i, shards) for i, g in enumerate(groups) for shards in g.values() if shards]
+    out = np.zeros(len(groups))
+    if lists:
+        cost = np.asarray(model.compute_cost([shards for _, shards in lists]), dtype=np.float64).sum(1)  # [lists]
+        np.add.at(out, [i for i, _ in lists], cost)
+    return out
+
+
+def best_move(
+    model: CostModel, task: Task, plan: Plan, ratio: np.ndarray, measured: np.ndarray, targets: int, tried: set
+) -> tuple[Plan, int, int] | None:
+    """(plan, slowest device, target) of the untried move of one shard off the slowest
+    measured device whose prediction, corrected per device by ``ratio`` [D], leaves the
+    two devices least, if that is below the slowest's measured ms; None if none."""
+    slow = int(np.argmax(measured))
+    moves: list[tuple[Plan, int]] = []
+    for fast in [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]:
+        for i, p in enumerate(plan.placements):
+            if p.kind in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE) and slow in p.devices and fast not in p.devices:
+                moved = replace(p, devices=tuple(fast if d == slow else d for d in p.devices))
+                candidate = Plan(plan.placements[:i] + (moved,) + plan.placements[i + 1 :], plan.num_devices)
+                if _key(plan, candidate, slow, fast) not in tried and _fits(task, candidate, slow, fast):
+                    moves.append((candidate, fast))
+    if not moves:
+        return None
+    base = device_compute(model, task, plan)  # [D] the devices' row blocks and replicas with them
+    kernels_now = _kernels_ms(model, [_groups(task, plan, d) for d in range(task.num_devices)])  # [D]
+    after = _kernels_ms(model, [_groups(task, c, d) for c, f in moves for d in (slow, f)]).reshape(-1, 2)  # [moves, 2]
+    fasts = np.asarray([f for _, f in moves])
+    new_slow = (base[slow] - kernels_now[slow] + after[:, 0]) * ratio[slow]
+    new_fast = (base[fasts] - kernels_now[fasts] + after[:, 1]) * ratio[fasts]
+    score = np.maximum(new_slow, new_fast)  # [moves]
+    best = int(np.argmin(score))
+    return (moves[best][0], slow, moves[best][1]) if score[best] < measured[slow] else None
+
+
+def _key(plan: Plan, candidate: Plan, slow: int, fast: int) -> tuple[str, int, int]:
+    """The table a move carries from ``slow`` to ``fast``."""
+    table = next(c.table for p, c in zip(plan.placements, candidate.placements) if p != c)
+    return table, slow, fast
+
+
+def _fits(task: Task, plan: Plan, slow: int, fast: int) -> bool:
+    return plan.device_memory(task.tables, task.batch_size)[fast] <= task.memory_cap_bytes - task.reserved[fast]
+
+
+def _log_devices(predicted: np.ndarray, measured: np.ndarray, when: str) -> None:
+    logger.info(
+        "measured refinement, %s: slowest device measured %.2f ms (predicted %.2f); predicted / measured rank "
+        "correlation %.2f over %d devices", when, measured.max(), predicted[int(np.argmax(measured))],
+        rank_correlation(predicted.tolist(), measured.tolist()) if len(measured) > 1 else 1.0, len(measured),
+    )  # fmt: skip
+    for d, (p, m) in enumerate(zip(predicted, measured)):
+        logger.info("measured refinement, %s: device %d predicted %.2f ms, measured %.2f ms", when, d, p, m)
