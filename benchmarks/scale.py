@@ -2,7 +2,6 @@
 
     python -m benchmarks.scale plan      # every planner plans every (pool, D): results/scale_planned.jsonl.gz
     python -m benchmarks.scale keep --planners neuroshard --as neuroshard_LABEL  # before a re-plan: judge both
-    python -m benchmarks.scale refine --devices 8 --seconds 240  # NeuroShard's plan refined on measurement
     python -m benchmarks.scale measure   # the judge times every device here (resumable): results/scale_measured.jsonl.gz
     python -m benchmarks.scale report    # benchmarks/results/scale.md
 
@@ -55,7 +54,6 @@ from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import JudgeConfig, judge_plans
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
-from torchrec_neuroshard.lab.refine import MeasuredRefiner
 from torchrec_neuroshard.lab.torchrec_baseline import topology_for as torchrec_topology
 from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, HELD_OUT_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import predicted_breakdown
@@ -169,18 +167,6 @@ def keep(num_devices: int, pool_seed: int, planner: str, label: str) -> None:
     append_rows(PLANNED, [kept])
 
 
-def refine(num_devices: int, pool_seed: int, seconds: float, label: str = "neuroshard_refined") -> None:
-    """The last plan of NeuroShard on one task refined on this machine's measurement
-    (``lab.refine.MeasuredRefiner`` for ``seconds``, as ``NeuroShardPlanner(refiner=...)``
-    refines it) and appended as planner ``label``."""
-    base = Plan.from_dict(latest_plans(read_rows(PLANNED), pool_seed, num_devices)["neuroshard"]["plan"])
-    task, model = planning_model(num_devices, pool_seed)
-    refiner = MeasuredRefiner(seconds=seconds)
-    about = {"note": f"neuroshard's plan refined by MeasuredRefiner(seconds={seconds:g}) here"}
-    row = {"pool_seed": pool_seed, "devices": num_devices, "planner": label, "model": "shipped cpu.pt", "model_sha256": _sha256(PRETRAINED_DIR / "cpu.pt")}
-    append_rows(PLANNED, [planned_row(row, lambda: (refiner.refine(task, model, base, "cpu"), about), lambda plan: (task, model))])
-
-
 # ---------------------------------------------------------------- measure
 
 
@@ -209,7 +195,7 @@ def _planner_name(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["plan", "keep", "refine", "measure", "report"])
+    p.add_argument("step", choices=["plan", "keep", "measure", "report"])
     p.add_argument("--devices", type=int, nargs="+", default=list(DEVICES))
     p.add_argument("--pool-seeds", type=int, nargs="+", default=list(POOL_SEEDS))
     p.add_argument(
@@ -221,7 +207,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--as", dest="label", type=_planner_name, help="keep: the name the last plan of --planners (one) is kept under")
     p.add_argument("--measured-comm", action="store_true", help="plan: NeuroShard prices collectives by its model's comm (gloo here)")
     p.add_argument("--torchrec-timeout", type=int, default=300, help="TorchRec's own timeout_seconds")
-    p.add_argument("--seconds", type=float, default=240.0, help="refine: the refiner's budget")
     p.add_argument("--passes", type=int, default=JudgeConfig.passes)
     p.add_argument("--draws", type=int, default=JudgeConfig.draws)
     p.add_argument("--rounds", type=int, default=JudgeConfig.rounds)
@@ -232,10 +217,6 @@ def main(argv: list[str] | None = None) -> None:
             if args.step == "plan":
                 for d in args.devices:
                     plan_all(d, pool_seed, args.torchrec_timeout, args.planners or PLANNERS, args.model, args.measured_comm)
-                continue
-            if args.step == "refine":
-                for d in args.devices:
-                    refine(d, pool_seed, args.seconds)
                 continue
             if args.step == "keep":
                 if not args.label or len(args.planners or []) != 1:

@@ -1,0 +1,137 @@
+"""Does measured refinement at plan time (``lab.refine.MeasuredRefiner``) make NeuroShard's
+plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
+
+    taskset -c 1 python -m studies.measured_refinement refine --devices 8 --pool-seed 2 --seconds 240
+    taskset -c 1 python -m studies.measured_refinement measure --devices 8 --pool-seed 2
+    python -m studies.measured_refinement report
+
+``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
+one the scale benchmark judged) refined on this machine as ``NeuroShardPlanner(refiner=
+MeasuredRefiner(seconds=...))`` refines it, the refiner's log printed, the plan appended
+to ``results/measured_refinement_planned.jsonl.gz``. ``measure``: the refined plan beside
+the task's stored plans of ``PLANNERS`` by the judge of ``benchmarks.scale`` (``lab.judge``:
+passes of opposite device order, draws of ids, interleaved rounds), rows appended to
+``results/measured_refinement_measured.jsonl.gz`` (resumable), each with this machine's CPU.
+``report``: ``results/measured_refinement.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import torch
+from threadpoolctl import threadpool_limits
+from tqdm import tqdm
+
+from benchmarks.scale import planning_model, scale_task
+from benchmarks.scale_report import PLANNED as SCALE_PLANNED
+from benchmarks.scale_report import latest_plans
+from torchrec_neuroshard.hardware import local_hardware
+from torchrec_neuroshard.lab.collect import append_rows, read_rows
+from torchrec_neuroshard.lab.evaluate import task_lookups
+from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judge_plans, ratio_interval, wins
+from torchrec_neuroshard.lab.measure_compute import cpu_threads
+from torchrec_neuroshard.lab.refine import MeasuredRefiner
+from torchrec_neuroshard.types import Plan
+
+RESULTS = Path(__file__).parent / "results"
+PLANNED = RESULTS / "measured_refinement_planned.jsonl.gz"
+MEASURED = RESULTS / "measured_refinement_measured.jsonl.gz"
+REPORT = RESULTS / "measured_refinement.md"
+PLANNERS = ("neuroshard", "neuroshard_measured_comm", "torchrec_timeout", "lookup", "size_lookup")
+"""The scale benchmark's judged plans, timed beside the refined one."""
+REFINED = "neuroshard_refined"
+
+
+def refine(devices: int, pool_seed: int, seconds: float) -> None:
+    base = Plan.from_dict(latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)["neuroshard"]["plan"])
+    task, model = planning_model(devices, pool_seed)
+    plan = MeasuredRefiner(seconds=seconds).refine(task, model, base, "cpu")
+    moved = sorted(p.table for p, q in zip(base.placements, plan.placements) if p != q)
+    row = {"pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "moved": moved, "plan": plan.to_dict()}
+    append_rows(PLANNED, [row])
+    print(json.dumps({k: v for k, v in row.items() if k != "plan"}))
+
+
+def _plans(devices: int, pool_seed: int) -> dict[str, Plan]:
+    stored = latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)
+    plans = {n: Plan.from_dict(stored[n]["plan"]) for n in PLANNERS if n in stored and stored[n]["status"] == "ok"}
+    refined = [r for r in read_rows(PLANNED) if r["pool_seed"] == pool_seed and r["devices"] == devices]
+    return {**plans, REFINED: Plan.from_dict(refined[-1]["plan"])}
+
+
+def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
+    plans = _plans(devices, pool_seed)
+    sha = hashlib.sha1(json.dumps({n: p.to_dict() for n, p in plans.items()}, sort_keys=True).encode()).hexdigest()[:12]
+    key = {"pool_seed": pool_seed, "devices": devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe()}
+    done = {(r["pass"], r["device"]) for r in read_rows(MEASURED) if all(r.get(k) == v for k, v in key.items())}
+    draws = [task_lookups(scale_task(devices, pool_seed), draw=k) for k in range(config.draws)]
+    judge_plans(
+        scale_task(devices, pool_seed), plans, draws, config, done,
+        append=lambda rows: append_rows(MEASURED, [{**key, **r} for r in rows]),
+        progress=lambda it: tqdm(it, desc=f"pool {pool_seed} D={devices} devices"),
+    )  # fmt: skip
+
+
+def report() -> str:
+    rows = read_rows(MEASURED)
+    lines = [
+        "# Measured refinement at plan time, judged", "",
+        "`python -m studies.measured_refinement refine`, `measure`, `report` (see the study's docstring). Compute: the "
+        "slowest device's median over units (pass x draw x round) as `lab.judge` times it; ratios of compute with a 90% "
+        "paired bootstrap interval over units; units fastest: those in which the plan's slowest device was the least.", "",
+    ]  # fmt: skip
+    for (pool_seed, devices, sha) in dict.fromkeys((r["pool_seed"], r["devices"], r["plans_sha"]) for r in rows):
+        mine = [r for r in rows if r["plans_sha"] == sha]
+        config = JudgeConfig(mine[0]["passes"], mine[0]["draws"], mine[0]["rounds"], mine[0]["repeats"])
+        judged = {n: Judged.of([r for r in mine if r["planner"] == n], devices, config) for n in dict.fromkeys(r["planner"] for r in mine)}
+        judged = {n: j for n, j in judged.items() if j is not None}
+        refined = [r for r in read_rows(PLANNED) if r["pool_seed"] == pool_seed and r["devices"] == devices][-1]
+        won = wins(judged)
+        lines += [
+            f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units)", "",
+            f"Refined for {refined['seconds']:g} s; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
+            "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
+            "|---|---|---|---|---|---|",
+        ]  # fmt: skip
+        for name, j in judged.items():
+            cells = [_ratio(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
+            spread = j.per_device.max() / j.per_device.mean()
+            lines.append(f"| {name} | {j.compute_ms:.1f} | {spread:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
+        lines.append("")
+    REPORT.write_text("\n".join(lines))
+    return "\n".join(lines)
+
+
+def _ratio(a: Judged, b: Judged | None) -> str:
+    if b is None:
+        return "-"
+    ratio, low, high = ratio_interval(a, b)
+    return f"{ratio:.3f} ({low:.3f}-{high:.3f})"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["refine", "measure", "report"])
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--pool-seed", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=240.0)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("torchrec_neuroshard").setLevel(logging.INFO)
+    torch.set_num_threads(1)
+    with threadpool_limits(limits=1), cpu_threads(1):
+        if args.step == "refine":
+            refine(args.devices, args.pool_seed, args.seconds)
+        elif args.step == "measure":
+            measure(args.devices, args.pool_seed, JudgeConfig())
+    if args.step == "report":
+        print(report())
+
+
+if __name__ == "__main__":
+    main()
