@@ -37,9 +37,11 @@ def latest_plans(rows: list[dict], pool_seed: int, devices: int) -> dict[str, di
 
 
 def last_judged(rows: list[dict], pool_seed: int, devices: int) -> list[dict]:
-    """The judge's rows of the task's last judged set of plans (those of its last plans)."""
+    """The judge's rows of the task's last judged set of plans (those of its last plans, on
+    the CPU that timed them last: rows since 2026-11-29 name it, older ones do not)."""
     mine = [r for r in rows if r["pool_seed"] == pool_seed and r["devices"] == devices]
-    return [r for r in mine if r["plans_sha"] == mine[-1]["plans_sha"]] if mine else []
+    last = (mine[-1]["plans_sha"], mine[-1].get("cpu")) if mine else None
+    return [r for r in mine if (r["plans_sha"], r.get("cpu")) == last]
 
 
 def judged_task(rows: list[dict], pool_seed: int, devices: int) -> dict[str, Judged]:

@@ -75,6 +75,10 @@ def test_the_report_reads_the_last_plans_and_the_last_judged_set_of_complete_pla
     rows = [row("old", "a", 0, 9.0), row("old", "a", 1, 9.0), row("new", "a", 0, 1.0), row("new", "a", 1, 2.0), row("new", "b", 0, 3.0)]
     judged = judged_task(rows, 2, 2)
     assert set(judged) == {"a"} and judged["a"].compute_ms == 2.0  # b's device 1 not yet timed; the old set left
+    # the same plans timed again on another CPU: that CPU's rows alone, never a mix of machines
+    other = {**rows[2], "cpu": "another cpu", "fused_ms": [5.0, 5.0]}  # its device 0 so far
+    assert judged_task(rows + [other], 2, 2) == {}
+    assert judged_task(rows + [other, {**rows[3], "cpu": "another cpu"}], 2, 2)["a"].compute_ms == 5.0
 
 
 @pytest.mark.slow
