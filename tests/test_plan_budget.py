@@ -76,10 +76,12 @@ def test_a_tiny_budget_plans_hundreds_of_small_tables_in_bounded_time(tables, hb
     not inflate as it does wall seconds (the budget is wall time, so a loaded machine only
     cuts the search shorter), at most half those of the same plan without a budget, so the
     bound holds on a slower machine kind. On one AMD EPYC core: 600 tables 0.22 s (0.65 s
-    before issue 41), 400 offloaded 0.16 s (0.82 s before)."""
+    before issue 41), 400 offloaded 0.16 s (0.82 s before). Each the least of two plans, in
+    turn: on an Intel Xeon one plan of 600 tables at the budget took 0.27-0.44 CPU s against
+    1.0-1.4 without, so a single pair's noise came near the bound."""
     gpus = Topology(world_size=8, compute_device="cuda", **({} if hbm is None else {"hbm_cap": hbm}))
-    cpu, wall, in_plan = planned(NeuroShardPlanner(gpus, timeout_seconds=BUDGET, debug=False), tables)
-    free, _, _ = planned(NeuroShardPlanner(gpus, debug=False), tables)
+    runs = [(planned(NeuroShardPlanner(gpus, timeout_seconds=BUDGET, debug=False), tables), planned(NeuroShardPlanner(gpus, debug=False), tables)) for _ in range(2)]
+    (cpu, wall, in_plan), free = min(b for b, _ in runs), min(f[0] for _, f in runs)
     assert in_plan == tables
     assert cpu < 0.5 * free and wall < 5.0, f"plan() of {tables} tables at timeout_seconds={BUDGET}: {cpu:.2f} CPU s, {wall:.2f} s; no budget {free:.2f} CPU s"
 
