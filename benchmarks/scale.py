@@ -171,19 +171,25 @@ def keep(num_devices: int, pool_seed: int, planner: str, label: str) -> None:
 
 
 def measure(num_devices: int, pool_seed: int, planners: Sequence[str], config: JudgeConfig, draws: list) -> None:
-    """The judge over the last plans of ``planners`` (those with one) on one task; rows
-    appended to ``MEASURED`` with the digest of the plans (``plans_sha``) and the CPU timing
-    them, a device already measured for these plans on this CPU skipped (re-run to resume;
-    re-planned, or on another machine, all are timed again)."""
+    """The judge over the last plans of ``planners`` (those with one) on one task, rows
+    appended to ``MEASURED`` (``judge_task``)."""
     rows = latest_plans(read_rows(PLANNED), pool_seed, num_devices)
     plans = {n: Plan.from_dict(rows[n]["plan"]) for n in planners if n in rows and rows[n]["status"] == "ok"}
-    sha = hashlib.sha1(json.dumps({n: rows[n]["plan"] for n in plans}, sort_keys=True).encode()).hexdigest()[:12]
+    judge_task(num_devices, pool_seed, plans, config, draws, MEASURED)
+
+
+def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config: JudgeConfig, draws: list, out: Path) -> None:
+    """The judge over ``plans`` of one task; rows appended to ``out`` with the digest of the
+    plans (``plans_sha``), the judge's configuration and the CPU timing them, a device
+    already measured for these plans on this CPU skipped (re-run to resume; re-planned, or
+    on another machine, all are timed again)."""
+    sha = hashlib.sha1(json.dumps({n: p.to_dict() for n, p in plans.items()}, sort_keys=True).encode()).hexdigest()[:12]
     key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe()}
-    done = {(r["pass"], r["device"]) for r in read_rows(MEASURED) if all(r.get(k) == v for k, v in key.items())}
+    done = {(r["pass"], r["device"]) for r in read_rows(out) if all(r.get(k) == v for k, v in key.items())}
     config_row = dataclasses.asdict(config)
     judge_plans(
         scale_task(num_devices, pool_seed), plans, draws, config, done,
-        append=lambda measured: append_rows(MEASURED, [{**key, **config_row, **r} for r in measured]),
+        append=lambda measured: append_rows(out, [{**key, **config_row, **r} for r in measured]),
         progress=lambda it: tqdm(it, desc=f"pool {pool_seed} D={num_devices} devices"),
     )  # fmt: skip
 

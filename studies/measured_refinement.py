@@ -11,29 +11,27 @@ MeasuredRefiner(seconds=...))`` refines it, the refiner's log printed, the plan 
 to ``results/measured_refinement_planned.jsonl.gz``. ``measure``: the refined plan beside
 the task's stored plans of ``PLANNERS`` by the judge of ``benchmarks.scale`` (``lab.judge``:
 passes of opposite device order, draws of ids, interleaved rounds), rows appended to
-``results/measured_refinement_measured.jsonl.gz`` (resumable), each with this machine's CPU.
+``results/measured_refinement_measured.jsonl.gz`` (``benchmarks.scale.judge_task``: resumable,
+each with the judge's configuration and this machine's CPU).
 ``report``: ``results/measured_refinement.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 from pathlib import Path
 
 import torch
 from threadpoolctl import threadpool_limits
-from tqdm import tqdm
 
-from benchmarks.scale import planning_model, scale_task
+from benchmarks.scale import judge_task, planning_model, scale_task
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import latest_plans
-from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judge_plans, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, ratio_interval, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.refine import MeasuredRefiner
 from torchrec_neuroshard.types import Plan
@@ -65,16 +63,8 @@ def _plans(devices: int, pool_seed: int) -> dict[str, Plan]:
 
 
 def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
-    plans = _plans(devices, pool_seed)
-    sha = hashlib.sha1(json.dumps({n: p.to_dict() for n, p in plans.items()}, sort_keys=True).encode()).hexdigest()[:12]
-    key = {"pool_seed": pool_seed, "devices": devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe()}
-    done = {(r["pass"], r["device"]) for r in read_rows(MEASURED) if all(r.get(k) == v for k, v in key.items())}
     draws = [task_lookups(scale_task(devices, pool_seed), draw=k) for k in range(config.draws)]
-    judge_plans(
-        scale_task(devices, pool_seed), plans, draws, config, done,
-        append=lambda rows: append_rows(MEASURED, [{**key, **r} for r in rows]),
-        progress=lambda it: tqdm(it, desc=f"pool {pool_seed} D={devices} devices"),
-    )  # fmt: skip
+    judge_task(devices, pool_seed, _plans(devices, pool_seed), config, draws, MEASURED)
 
 
 def report() -> str:
