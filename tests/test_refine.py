@@ -67,7 +67,7 @@ def test_best_move_respects_memory() -> None:
     measured = predicted * np.where(np.arange(2) == slow, 10.0, 1.0)
     for cap, moves in ((max(used), False), (10 * max(used), True)):
         tight = replace(task, memory_cap_bytes=cap)
-        assert (best_move(model, tight, plan, measured / predicted, measured, 1, set()) is not None) is moves
+        assert (best_move(model, tight, plan, predicted, measured, 1, set()) is not None) is moves
 
 
 def test_planner_refines_with_real_kernels_within_its_budget(caplog) -> None:

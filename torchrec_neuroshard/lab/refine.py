@@ -34,7 +34,8 @@ import torch
 
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import JudgeConfig, rank_correlation, time_device
-from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingKind, Task
+from torchrec_neuroshard.stepcost import predict_step
+from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingError, ShardingKind, Task
 
 logger = logging.getLogger("torchrec_neuroshard")
 
@@ -97,18 +98,16 @@ class MeasuredRefiner:
         tried: set[tuple[str, int, int]] = set()
         kept = 0
         while time.perf_counter() < stop:
-            ratio = np.where(predicted > 0, measured / np.maximum(predicted, 1e-12), 1.0)  # [D] measured / predicted
-            move = best_move(model, task, plan, ratio, measured, self.targets, tried)
+            move = best_move(model, task, plan, predicted, measured, self.targets, tried)
             if move is None:
                 break
-            candidate, slow, fast = move
-            tried.add(_key(plan, candidate, slow, fast))
+            candidate, (table, slow, fast) = move
+            tried.add((table, slow, fast))
             times = [timer(task, {"old": plan, "new": candidate}, d) for d in (slow, fast)]
             pays = max(t["new"] for t in times) < times[0]["old"] * (1 - self.margin)
             logger.info(
                 "measured refinement: table %s from device %d to %d: %.2f and %.2f ms against %.2f and %.2f ms; %s",
-                _key(plan, candidate, slow, fast)[0], slow, fast, times[0]["new"], times[1]["new"], times[0]["old"],
-                times[1]["old"], "kept" if pays else "not kept",
+                table, slow, fast, times[0]["new"], times[1]["new"], times[0]["old"], times[1]["old"], "kept" if pays else "not kept",
             )  # fmt: skip
             if pays:
                 plan, kept = candidate, kept + 1
@@ -144,8 +143,6 @@ def device_compute(model: CostModel, task: Task, plan: Plan) -> np.ndarray:
     """Predicted compute ms [D] of each device: its table-wise and column shards' kernels
     (one per kind, as the judge times them) and its row blocks' and replicas' as
     ``predict_step`` prices them."""
-    from torchrec_neuroshard.stepcost import predict_step
-
     step = predict_step(model, task, plan)
     return np.asarray([d.fwd_compute + d.bwd_compute for d in step.devices])
 
@@ -171,41 +168,44 @@ def _kernels_ms(model: CostModel, groups: Sequence[Mapping[ShardingKind, list[Sh
 
 
 def best_move(
-    model: CostModel, task: Task, plan: Plan, ratio: np.ndarray, measured: np.ndarray, targets: int, tried: set
-) -> tuple[Plan, int, int] | None:
-    """(plan, slowest device, target) of the untried move of one shard off the slowest
-    measured device whose prediction, corrected per device by ``ratio`` [D], leaves the
-    two devices least, if that is below the slowest's measured ms; None if none."""
+    model: CostModel, task: Task, plan: Plan, predicted: np.ndarray, measured: np.ndarray, targets: int, tried: set
+) -> tuple[Plan, tuple[str, int, int]] | None:
+    """(plan, (table, slowest device, target)) of the untried move of one shard off the
+    slowest measured device whose prediction (``predicted`` [D], the plan's compute),
+    corrected per device by measured / predicted, leaves the two devices least, if that is
+    below the slowest's measured ms, of the moves the plan stays valid after; None if none."""
     slow = int(np.argmax(measured))
-    moves: list[tuple[Plan, int]] = []
-    for fast in [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]:
+    fasts = [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]
+    moves: list[tuple[Plan, tuple[str, int, int]]] = []
+    for fast in fasts:
         for i, p in enumerate(plan.placements):
             if p.kind in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE) and slow in p.devices and fast not in p.devices:
                 moved = replace(p, devices=tuple(fast if d == slow else d for d in p.devices))
                 candidate = Plan(plan.placements[:i] + (moved,) + plan.placements[i + 1 :], plan.num_devices)
-                if _key(plan, candidate, slow, fast) not in tried and _fits(task, candidate, slow, fast):
-                    moves.append((candidate, fast))
+                if (p.table, slow, fast) not in tried and _valid(task, candidate):
+                    moves.append((candidate, (p.table, slow, fast)))
     if not moves:
         return None
-    base = device_compute(model, task, plan)  # [D] the devices' row blocks and replicas with them
-    kernels_now = _kernels_ms(model, [_groups(task, plan, d) for d in range(task.num_devices)])  # [D]
-    after = _kernels_ms(model, [_groups(task, c, d) for c, f in moves for d in (slow, f)]).reshape(-1, 2)  # [moves, 2]
-    fasts = np.asarray([f for _, f in moves])
-    new_slow = (base[slow] - kernels_now[slow] + after[:, 0]) * ratio[slow]
-    new_fast = (base[fasts] - kernels_now[fasts] + after[:, 1]) * ratio[fasts]
+    ratio = np.where(predicted > 0, measured / np.maximum(predicted, 1e-12), 1.0)  # [D] measured / predicted
+    involved = [slow, *fasts]
+    kernels_now = dict(zip(involved, _kernels_ms(model, [_groups(task, plan, d) for d in involved])))  # the devices' kernels now
+    to = np.asarray([key[2] for _, key in moves])  # [moves] each move's target
+    after = _kernels_ms(model, [_groups(task, c, d) for c, (_, _, f) in moves for d in (slow, f)]).reshape(-1, 2)  # [moves, 2]
+    # the devices' row blocks and replicas stay: what the move changes is their kernels
+    new_slow = (predicted[slow] - kernels_now[slow] + after[:, 0]) * ratio[slow]
+    new_fast = (predicted[to] - np.asarray([kernels_now[f] for f in to]) + after[:, 1]) * ratio[to]
     score = np.maximum(new_slow, new_fast)  # [moves]
     best = int(np.argmin(score))
-    return (moves[best][0], slow, moves[best][1]) if score[best] < measured[slow] else None
+    return moves[best] if score[best] < measured[slow] else None
 
 
-def _key(plan: Plan, candidate: Plan, slow: int, fast: int) -> tuple[str, int, int]:
-    """The table a move carries from ``slow`` to ``fast``."""
-    table = next(c.table for p, c in zip(plan.placements, candidate.placements) if p != c)
-    return table, slow, fast
-
-
-def _fits(task: Task, plan: Plan, slow: int, fast: int) -> bool:
-    return plan.device_memory(task.tables, task.batch_size)[fast] <= task.memory_cap_bytes - task.reserved[fast]
+def _valid(task: Task, plan: Plan) -> bool:
+    """Whether ``plan`` passes ``Plan.validate`` (every device's HBM and host memory)."""
+    try:
+        plan.validate(task)
+    except ShardingError:
+        return False
+    return True
 
 
 def _log_devices(predicted: np.ndarray, measured: np.ndarray, when: str) -> None:
