@@ -62,13 +62,16 @@ def small_tables_model(tables: int, seed: int = 0) -> nn.Module:
     return EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
 
 
-def planner_for(timeout: float | None):
-    """The planner a user makes: 8 cuda ranks, TorchRec's default topology otherwise."""
+def planner_for(timeout: float | None, config=None):
+    """The planner a user makes: 8 cuda ranks, TorchRec's default topology otherwise
+    (``config``: its ``search_config``, None: the default)."""
     from torchrec.distributed.planner.types import Topology
 
     from torchrec_neuroshard.planner import NeuroShardPlanner
+    from torchrec_neuroshard.search import SearchConfig
 
-    return NeuroShardPlanner(Topology(world_size=8, compute_device="cuda"), timeout_seconds=timeout, debug=False)
+    topology = Topology(world_size=8, compute_device="cuda")
+    return NeuroShardPlanner(topology, timeout_seconds=timeout, debug=False, search_config=config or SearchConfig())
 
 
 def time_plan(tables: int, timeout: float | None, seed: int = 0) -> Row:

@@ -63,9 +63,10 @@ def plan_once(suite: str, task_index: int, tables: int) -> dict:
     return {"wall_s": wall, "digest": digest, "step_ms": planner.search_result_.predicted_cost_ms, "label": label}
 
 
-def _timed_heldout(pool: int, devices: int):
+def _timed_heldout(pool: int, devices: int, config=None):
     """(wall s, planner) of one ``plan()`` of pool ``pool``'s 856 full-size tables on
-    ``devices`` H200s, through the public API only (both trees have it)."""
+    ``devices`` H200s, through the public API only (both trees have it); ``config``: the
+    planner's ``search_config`` (None: its default)."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import ParameterConstraints, Topology
 
@@ -79,6 +80,7 @@ def _timed_heldout(pool: int, devices: int):
     planner = NeuroShardPlanner(
         topology, task.per_rank_batch, constraints={t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in task.tables},
         debug=False, access_hists={t.name: t.access_hist for t in task.tables},
+        **({} if config is None else {"search_config": config}),
     )  # fmt: skip
     module = module_for_tables(task.tables)
     start = time.perf_counter()

@@ -104,6 +104,20 @@ def test_a_passed_deadline_stops_the_beam_and_the_local_search() -> None:
     assert predicted_breakdown(model, task, late.plan)[0] == pytest.approx(late.predicted_cost_ms)
 
 
+def test_the_local_search_stops_when_its_last_moves_gained_too_little() -> None:
+    """A window of one move that must gain all of the cost stops after the first move, as
+    a search allowed one move does; with no gain required it moves on, as before the rule."""
+    model = load_pretrained("cpu")
+    task = generate_task(synthetic_pool(), 60, 4, WorkloadScale(), seed=7)
+    stalled = search(task, model, SearchConfig(local_window=1, local_min_gain=0.999))
+    one_move = search(task, model, SearchConfig(max_local_moves=1, local_min_gain=0.0))
+    unruled = search(task, model, SearchConfig(local_min_gain=0.0))
+    assert stalled.plan == one_move.plan
+    assert unruled.predicted_cost_ms < one_move.predicted_cost_ms  # the task has more than one move to make
+    with pytest.raises(ValueError, match="local_window=0"):
+        SearchConfig(local_window=0)
+
+
 def test_tasks_without_sequence_tables_get_the_narrow_rows() -> None:
     model = load_pretrained("h200")
     task = generate_task(synthetic_pool(), 8, 2, WorkloadScale(), seed=1)

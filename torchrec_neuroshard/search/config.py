@@ -43,6 +43,13 @@ class SearchConfig:
     two runs of the 20-task suite: 0.998 and 0.985 geomean cost ratio to the search without
     it, lower on 26 of 40 paired tasks (benchmarks/compare.py)."""
     max_local_moves: int = 100
+    local_window: int = 10
+    local_min_gain: float = 1e-4
+    """The local search stops when its last ``local_window`` moves together lowered the
+    predicted embedding cost by less than ``local_min_gain`` of it (0: only when no move
+    pays, or after ``max_local_moves``). Where devices hold hundreds of small shards each
+    move gains a few parts in a million; on 856 full-size tables every ten moves gain far
+    more (studies/results/local_stall.md)."""
     seed_with_baselines: bool = True
     """Also score the heuristic baselines' plans and start from the best plan overall, so
     the result is never predicted worse than any baseline."""
@@ -62,6 +69,13 @@ class SearchConfig:
     shards; a greedy run that would end past it is dropped, but the root state's (whole
     tables, the fallback) and the heuristics' plans are always made, so the plan is the best
     found by then (the planner's ``timeout_seconds``); None: no limit."""
+
+    def __post_init__(self) -> None:
+        if self.local_window < 1 or not 0.0 <= self.local_min_gain < 1.0:
+            raise ValueError(
+                f"SearchConfig(local_window={self.local_window}, local_min_gain={self.local_min_gain}): give a window of "
+                "at least 1 move and a gain in [0, 1) (0: the local search stops only when no move pays)"
+            )
 
 
 def past(deadline: float | None) -> bool:

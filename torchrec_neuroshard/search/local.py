@@ -42,7 +42,8 @@ def improve_plan(task: Task, model: CostModel, keys: Keys, plan: Plan, config: S
     """``plan`` after ``local_improve``: moves and swaps off the bottleneck device."""
     names = {t.name: i for i, t in enumerate(task.tables)}
     shards = [(names[p.table], w, d) for p in plan.placements for w, d in zip(p.widths, p.devices)]
-    return plan_from_shards(task, local_improve(model, keys, shards, config.max_local_moves, fixed_ms, config.deadline))
+    stall = (config.local_window, config.local_min_gain)
+    return plan_from_shards(task, local_improve(model, keys, shards, config.max_local_moves, fixed_ms, stall, config.deadline))
 
 
 @dataclass(frozen=True)
@@ -90,21 +91,29 @@ def local_improve(
     shards: list[tuple[int, int, int]],
     max_moves: int,
     fixed_ms: np.ndarray,
+    stall: tuple[int, float],
     deadline: float | None = None,
     partners: int = 8,
     shortlist: int = SHORTLIST,
 ) -> list[tuple[int, int, int]]:
     """(table, width, device) ``shards`` after improving moves and swaps (see the module
     docstring); ``fixed_ms`` [D, 2] the forward and backward ms the fixed placements cost
-    each device, ``keys`` the search's ``Keys`` holding every shard. No move is started
-    past ``deadline`` (a ``time.perf_counter()`` reading)."""
+    each device, ``keys`` the search's ``Keys`` holding every shard. It stops when its
+    last ``stall = (window, min_gain)`` moves together lowered the predicted embedding cost
+    by less than ``min_gain`` of it; no move is started past ``deadline`` (a
+    ``time.perf_counter()`` reading)."""
     key_of = np.asarray([keys.index[(t, w)] for t, w, _ in shards])
     dev = np.asarray([d for _, _, d in shards])
     cap = keys.task.memory_cap_bytes
+    window, min_gain = stall
+    totals: list[float] = []  # the embedding cost before each round
     for _ in range(max_moves):
         if deadline is not None and time.perf_counter() >= deadline:
             break
         now = _Devices.of(model, keys, key_of, dev, fixed_ms)
+        totals.append(now.total)
+        if len(totals) > window and totals[-1 - window] - now.total < min_gain * totals[-1 - window]:
+            break
         worst = int(now.per_dev.argmax())
         cheap = np.asarray([d for d in np.argsort(now.per_dev) if d != worst][:partners], dtype=np.int64)
         if not len(cheap):  # one device: nowhere to move to
