@@ -69,7 +69,10 @@ def _best_heuristic(judged: Mapping[str, Judged]) -> str | None:
     return min((n for n in judged if n in BASELINES), key=lambda n: judged[n].compute_ms, default=None)
 
 
-def _task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: dict[str, Judged]) -> list[str]:
+def task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: dict[str, Judged]) -> list[str]:
+    """The report's rows of one task: per planner (its last plan, ``planned``), its
+    measurement in the task's judged set (``judged``; "not timed" without), the ratios to
+    TorchRec's and the best heuristic's, its units won, predicted ms, planning s, kinds."""
     lines = []
     best = _best_heuristic(judged)
     won = wins(judged) if judged else {}
@@ -94,7 +97,7 @@ def _task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: 
     return lines
 
 
-def _model_lines(planned: dict, judged: dict) -> list[str]:
+def model_lines(planned: dict, judged: dict) -> list[str]:
     """Per D and model, its per-device error on the plans it priced: NeuroShard's own (the
     plans it made) and every plan (the baselines' are priced by the shipped model)."""
     lines = [
@@ -183,9 +186,9 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
             "|---|---|---|---|---|---|---|---|---|---|",
         ]  # fmt: skip
         for t in (t for t in tasks if t[0] == pool_seed):
-            lines += _task_lines(*t, planned[t], judged[t])
+            lines += task_lines(*t, planned[t], judged[t])
     lines += _variant_lines(judged)
-    lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + _model_lines(planned, judged)
+    lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + model_lines(planned, judged)
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)
     return text
