@@ -3,6 +3,7 @@ whether ``timeout_seconds`` bounds the whole call (issue 41).
 
     taskset -c 1 python -m benchmarks.plan_budget
     taskset -c 1 python -m benchmarks.plan_budget --profile 3000   # cProfile of one plan()
+    taskset -c 1 python -m benchmarks.plan_budget --stages 3000    # wall seconds in each stage
 
 What a user has: an ``EmbeddingBagCollection`` on the meta device of T small tables
 (seeded random rows 1k-1M, dims from {16, 32, 64, 128}), a cuda ``Topology(world_size=8,
@@ -96,10 +97,55 @@ def profile(tables: int, timeout: float | None, top: int) -> None:
     pstats.Stats(profiler).sort_stats("cumulative").print_stats(top)
 
 
+STAGES = (
+    ("torchrec_neuroshard.search.splits", "greedy_runs", "beam: greedy runs"),
+    ("torchrec_neuroshard.search.joint", "choose_kinds", "kinds stage"),
+    ("torchrec_neuroshard.search.joint", "improve_plan", "local search"),
+    ("torchrec_neuroshard.search.joint", "baseline_plan", "heuristics' plans"),
+    ("torchrec_neuroshard.offload", "tables_kernel_options", "offload: kernel options"),
+    ("torchrec_neuroshard.planner", "module_tables", "table collection"),
+)
+"""(module, function, label) of the stages ``--stages`` times: each function as the module
+that calls it holds it, wrapped in a wall clock (cProfile's overhead lands on small calls)."""
+
+
+def stages(tables: int) -> None:
+    """Wall seconds and calls of each of ``STAGES`` in one plan() of ``tables`` tables."""
+    import importlib
+
+    spent = {label: [0.0, 0] for *_, label in STAGES}
+
+    def timed(function, label):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[label][0] += time.perf_counter() - start
+                spent[label][1] += 1
+
+        return wrapper
+
+    time_plan(20, None)  # loads the cost model and TorchRec's imports
+    modules = [(importlib.import_module(m), name, label) for m, name, label in STAGES]
+    kept = [getattr(module, name) for module, name, _ in modules]
+    for (module, name, label), function in zip(modules, kept):
+        setattr(module, name, timed(function, label))
+    try:
+        row = time_plan(tables, None)
+    finally:
+        for (module, name, _), function in zip(modules, kept):
+            setattr(module, name, function)
+    print(f"plan() of {tables:,} tables: {row.seconds:.2f} s")
+    for label, (seconds, calls) in spent.items():
+        print(f"  {label}: {seconds:.2f} s in {calls} calls")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=1, help="plan() calls per row (the median is reported)")
     p.add_argument("--profile", type=int, default=0, help="profile one plan() of this many tables instead")
+    p.add_argument("--stages", type=int, default=0, help="time the stages of one plan() of this many tables instead")
     p.add_argument("--timeout", type=float, default=None, help="timeout_seconds of the profiled plan()")
     p.add_argument("--top", type=int, default=40, help="functions the profile prints")
     p.add_argument("--quick", action="store_true", help="skip the 10,000-table row")
@@ -109,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     with threadpool_limits(limits=1):
         if args.profile:
             return profile(args.profile, args.timeout, args.top)
+        if args.stages:
+            return stages(args.stages)
         time_plan(20, None)  # warm-up: the cost model and TorchRec's imports
         targets = [t for t in TARGETS if not (args.quick and t[0] > 3000)]
         rows = []

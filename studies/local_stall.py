@@ -5,10 +5,12 @@ it saves and what it gives up, in one interleaved run.
 
 Each task is planned through ``plan()`` twice a round, in turn: with the local search
 stopping only when no move pays (``local_min_gain=0``, the search before the rule) and with
-the default rule. Tasks: ``benchmarks.plan_budget``'s 1,000 and 3,000 small tables on 8
+the default rule. The local searches' rounds (``local._Devices.of``, once a round) are
+counted and their seconds summed (``local.local_improve``, wrapped here): the rounds do not
+depend on the machine, the seconds do. Tasks: ``benchmarks.plan_budget``'s 1,000 and 3,000 small tables on 8
 GPUs (``--large``: and 10,000), and held-out pools 2-4's 856 full-size tables at D = 8, 32
-and 128 (``studies.plan_speed_ab``'s). Per task: the median (range) wall seconds of
-each, their ratio, whether the plans are the same, and each plan's predicted step (our
+and 128 (``studies.plan_speed_ab``'s). Per task: the local search's rounds and median
+seconds, the median (range) wall seconds of ``plan()``, their ratio, whether the plans are the same, and each plan's predicted step (our
 model: the objective both searches minimise, so it says what the rule gives up of the
 search's own gain, not how the plans run). Writes ``studies/results/local_stall.md``.
 """
@@ -27,8 +29,37 @@ from tqdm import tqdm
 
 from benchmarks.uvm import median_range
 from torchrec_neuroshard.search import SearchConfig
+from torchrec_neuroshard.search import local
 
 OUT = Path(__file__).parent / "results" / "local_stall.md"
+
+
+class _LocalSearchMeter:
+    """Counts the local search's rounds and sums its seconds while installed."""
+
+    def __init__(self) -> None:
+        self.rounds, self.seconds = 0, 0.0
+        self._of, self._improve = local._Devices.of, local.local_improve
+
+    def __enter__(self) -> "_LocalSearchMeter":
+        def of(*args, **kwargs):
+            self.rounds += 1
+            return self._of(*args, **kwargs)
+
+        def improve(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return self._improve(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        local._Devices.of, local.local_improve = staticmethod(of), improve
+        return self
+
+    def __exit__(self, *exc) -> None:
+        local._Devices.of, local.local_improve = staticmethod(self._of), self._improve
+
+
 VARIANTS = {"no rule": SearchConfig(local_min_gain=0.0), "rule": SearchConfig()}
 HELDOUT = ((2, 8), (3, 8), (4, 8), (2, 32), (3, 32), (4, 32), (2, 128), (3, 128), (4, 128))
 
@@ -62,24 +93,30 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)
     tasks = _tasks(args.large)
-    rows: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
+    rows: dict[tuple[str, str], list[tuple[float, float, str, int, float]]] = {}  # wall s, step ms, plan, rounds, local s
     with threadpool_limits(limits=1):
         _plan_small(20, SearchConfig())  # warm-up: the cost model and TorchRec's imports
         for _ in tqdm(range(args.rounds), desc="rounds"):
             for name, plan in tasks.items():
                 for variant, config in VARIANTS.items():
-                    wall, planner = plan(config)
-                    rows.setdefault((name, variant), []).append((wall, planner.search_result_.predicted_cost_ms, repr(planner.plan_)))
+                    with _LocalSearchMeter() as meter:
+                        wall, planner = plan(config)
+                    rows.setdefault((name, variant), []).append(
+                        (wall, planner.search_result_.predicted_cost_ms, repr(planner.plan_), meter.rounds, meter.seconds)
+                    )
     lines = [
-        "| task | no rule: wall s | rule: wall s | rule / no rule (medians) | same plan | predicted step ms, no rule -> rule |",
-        "|---|---|---|---|---|---|",
+        "| task | local search rounds, no rule -> rule | local search s (medians) | plan(): no rule, wall s | rule, wall s "
+        "| rule / no rule (medians) | same plan | predicted step ms, no rule -> rule |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in tasks:
         before, after = rows[name, "no rule"], rows[name, "rule"]
-        walls = [[w for w, _, _ in runs] for runs in (before, after)]
-        same = {plan for _, _, plan in before} == {plan for _, _, plan in after}
+        walls = [[run[0] for run in runs] for runs in (before, after)]
+        local_s = [statistics.median(run[4] for run in runs) for runs in (before, after)]
+        same = {run[2] for run in before} == {run[2] for run in after}
         lines.append(
-            f"| {name} | {median_range(walls[0])} | {median_range(walls[1])} | {statistics.median(walls[1]) / statistics.median(walls[0]):.3f} "
+            f"| {name} | {before[0][3]} -> {after[0][3]} | {local_s[0]:.2f} -> {local_s[1]:.2f} "
+            f"| {median_range(walls[0])} | {median_range(walls[1])} | {statistics.median(walls[1]) / statistics.median(walls[0]):.3f} "
             f"| {'yes' if same else 'no'} | {before[0][1]:.4f} -> {after[0][1]:.4f} ({after[0][1] / before[0][1] - 1:+.4%}) |"
         )
     OUT.write_text(
