@@ -178,12 +178,17 @@ def measure(num_devices: int, pool_seed: int, planners: Sequence[str], config: J
     judge_task(num_devices, pool_seed, plans, config, draws, MEASURED)
 
 
+def plans_sha(plans: dict[str, Plan]) -> str:
+    """The digest of a task's plans by planner name that ``judge_task``'s rows carry."""
+    return hashlib.sha1(json.dumps({n: p.to_dict() for n, p in plans.items()}, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config: JudgeConfig, draws: list, out: Path) -> None:
     """The judge over ``plans`` of one task; rows appended to ``out`` with the digest of the
     plans (``plans_sha``), the judge's configuration and the CPU timing them, a device
     already measured for these plans on this CPU skipped (re-run to resume; re-planned, or
     on another machine, all are timed again)."""
-    sha = hashlib.sha1(json.dumps({n: p.to_dict() for n, p in plans.items()}, sort_keys=True).encode()).hexdigest()[:12]
+    sha = plans_sha(plans)
     key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe()}
     done = {(r["pass"], r["device"]) for r in read_rows(out) if all(r.get(k) == v for k, v in key.items())}
     config_row = dataclasses.asdict(config)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks.scale import judge_task, planning_model, scale_task
+from benchmarks.scale import judge_task, planning_model, plans_sha, scale_task
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import latest_plans
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
@@ -48,18 +48,36 @@ REFINED = "neuroshard_refined"
 def refine(devices: int, pool_seed: int, seconds: float) -> None:
     base = Plan.from_dict(latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)["neuroshard"]["plan"])
     task, model = planning_model(devices, pool_seed)
-    plan = MeasuredRefiner(seconds=seconds).refine(task, model, base, "cpu")
+    refiner = MeasuredRefiner(seconds=seconds)
+    plan = refiner.refine(task, model, base, "cpu")
     moved = sorted(p.table for p, q in zip(base.placements, plan.placements) if p != q)
-    row = {"pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "moved": moved, "plan": plan.to_dict()}
+    row = {
+        "pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "draws": refiner.draws,
+        "rounds": refiner.rounds, "moved": moved, "plan": plan.to_dict(),
+    }  # fmt: skip
     append_rows(PLANNED, [row])
     print(json.dumps({k: v for k, v in row.items() if k != "plan"}))
 
 
-def _plans(devices: int, pool_seed: int) -> dict[str, Plan]:
+def _plans(devices: int, pool_seed: int, refined: dict | None = None) -> dict[str, Plan]:
+    """The stored plans of ``PLANNERS`` and the refined plan of ``refined`` (a row of
+    ``PLANNED``; None: the task's last)."""
     stored = latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)
     plans = {n: Plan.from_dict(stored[n]["plan"]) for n in PLANNERS if n in stored and stored[n]["status"] == "ok"}
-    refined = [r for r in read_rows(PLANNED) if r["pool_seed"] == pool_seed and r["devices"] == devices]
-    return {**plans, REFINED: Plan.from_dict(refined[-1]["plan"])}
+    refined = refined or _refined_rows(pool_seed, devices)[-1]
+    return {**plans, REFINED: Plan.from_dict(refined["plan"])}
+
+
+def _refined_rows(pool_seed: int, devices: int) -> list[dict]:
+    return [r for r in read_rows(PLANNED) if r["pool_seed"] == pool_seed and r["devices"] == devices]
+
+
+def _refined_row(pool_seed: int, devices: int, sha: str) -> dict:
+    """The refine step's row whose plan the measured rows of ``sha`` timed (beside the stored plans)."""
+    for row in reversed(_refined_rows(pool_seed, devices)):
+        if plans_sha(_plans(devices, pool_seed, row)) == sha:
+            return row
+    raise ValueError(f"no refined plan of pool {pool_seed}, D = {devices} in {PLANNED} gives the measured plans {sha}: was it re-planned?")
 
 
 def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
@@ -80,11 +98,12 @@ def report() -> str:
         config = JudgeConfig(mine[0]["passes"], mine[0]["draws"], mine[0]["rounds"], mine[0]["repeats"])
         judged = {n: Judged.of([r for r in mine if r["planner"] == n], devices, config) for n in dict.fromkeys(r["planner"] for r in mine)}
         judged = {n: j for n, j in judged.items() if j is not None}
-        refined = [r for r in read_rows(PLANNED) if r["pool_seed"] == pool_seed and r["devices"] == devices][-1]
+        refined = _refined_row(pool_seed, devices, sha)
         won = wins(judged)
         lines += [
             f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units)", "",
-            f"Refined for {refined['seconds']:g} s; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
+            f"Refined for {refined['seconds']:g} s, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
+            f"{refined.get('rounds', 3)} rounds each; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
             "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
             "|---|---|---|---|---|---|",
         ]  # fmt: skip

@@ -57,6 +57,14 @@ def test_exchanges_price_as_their_dense_matrix(world: int, local: int) -> None:
         np.testing.assert_allclose(links.cross_host_ms(exchange), links.cross_host_ms(dense), rtol=1e-12, atol=1e-12)
     if world == local:  # one host: nothing crosses, exactly
         assert not links.cross_host_ms(OuterExchange(sender, receiver)).any()
+    dims = rng.integers(1, 512, (3, world)).astype(float)  # a batch of plans' dim sums: their all-to-alls, wait-free
+    per_peer = dims * (links.batch_size / world) * links.bytes_per_element  # [3, D] what each rank sends each peer
+    batched = links.all_to_all_ms(OuterExchange(per_peer, np.ones(world)))  # [3, D]
+    for row, ms, wait_free in zip(per_peer, batched, links.wait_free_cost(dims)[:, :, 0]):
+        dense = np.repeat(row[:, None], world, 1)
+        np.fill_diagonal(dense, 0.0)
+        np.testing.assert_allclose(ms, links.all_to_all_ms(dense), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(wait_free, links.all_to_all_ms(dense) if world > 1 else 0.0, rtol=1e-6)
 
 
 def test_links_of_one_host_change_no_price() -> None:

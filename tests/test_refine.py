@@ -28,8 +28,8 @@ def dims_timer(slow_device: int):
     """A machine on which ``slow_device`` runs at a third of the others' speed and a device's
     time is its column count: the model does not know it."""
 
-    def timer(task: Task, plans: dict, device: int) -> dict[str, float]:
-        return {name: plan.device_dims()[device] * (3.0 if device == slow_device else 1.0) for name, plan in plans.items()}
+    def timer(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
+        return {name: (plan.device_dims()[device] * (3.0 if device == slow_device else 1.0),) * 2 for name, plan in plans.items()}
 
     return timer
 
@@ -51,10 +51,27 @@ def test_a_move_the_measurement_rejects_is_not_kept() -> None:
     task, model = small_task(), load_pretrained("cpu")
     plan = search(task, model).plan
 
-    def every_move_slower(task: Task, plans: dict, device: int) -> dict[str, float]:
-        return {"plan": 50.0 + 10 * device} if "plan" in plans else {"old": 50.0, "new": 100.0}
+    def every_move_slower(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
+        return {"plan": (50.0 + 10 * device,) * 2} if "plan" in plans else {"old": (50.0, 50.0), "new": (100.0, 100.0)}
 
     assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, every_move_slower) == plan
+
+
+def test_a_move_that_pays_on_one_draw_of_ids_only_is_not_kept(caplog) -> None:
+    """The draws of ids disagree (the second draw finds every move slower): no move is kept;
+    with both draws alike, the same moves are."""
+    task, model = small_task(), load_pretrained("cpu")
+    plan = search(task, model).plan
+    pays = dims_timer(0)
+
+    def second_draw_slower(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
+        ms = pays(task, plans, device)
+        return {n: (v[0], v[1] * (1.5 if n == "new" else 1.0)) for n, v in ms.items()}
+
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+        assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, second_draw_slower) == plan
+    assert "not kept" in caplog.text and "; kept" not in caplog.text
+    assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, pays) != plan
 
 
 def test_best_move_respects_memory() -> None:

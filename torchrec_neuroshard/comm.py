@@ -179,15 +179,7 @@ class AlphaBetaComm(CommModel):
         # Backward moves the same gradients the other way: per rank, sent and received swap,
         # and the cost (the larger of the two per link) is the same.
         per_peer = dims * (self.batch_size / n) * self.bytes_per_element  # [R, D]
-        # the same as all_to_all_ms of every rank sending per_peer[i] to each peer, in O(R D)
-        host = self._hosts(n)
-        on_host = (host[:, None] == host[None, :]).astype(np.float64)  # [D, D]
-        host_size = on_host.sum(1)
-        host_sum = per_peer @ on_host  # [R, D]: what rank i's host mates (and i) send to each peer
-        cost = self._exchange_ms(
-            per_peer * (host_size - 1), host_sum - per_peer,
-            per_peer * (n - host_size), per_peer.sum(1, keepdims=True) - host_sum, n,
-        )  # fmt: skip
+        cost = self.all_to_all_ms(OuterExchange(per_peer, np.ones(n)))  # [R, D]: rank i sends every peer per_peer[:, i]
         return np.repeat(cost.astype(np.float32)[:, :, None], 2, axis=2)
 
 
@@ -209,24 +201,27 @@ class Exchange(abc.ABC):
 
 @dataclass(frozen=True, eq=False)
 class OuterExchange(Exchange):
-    """Rank i sends rank j (j != i) ``sender[i] * receiver[j]`` bytes, [D] each: every rank
-    sends every other the same (receiver all 1), or each rank is sent the same by all
-    (sender all 1), or a set of ranks exchange among themselves (both 0 off the set)."""
+    """Rank i sends rank j (j != i) ``sender[..., i] * receiver[..., j]`` bytes, [..., D]
+    each (a batch of exchanges over the leading axes): every rank sends every other the
+    same (receiver all 1), or each rank is sent the same by all (sender all 1), or a set of
+    ranks exchange among themselves (both 0 off the set)."""
 
     sender: np.ndarray
     receiver: np.ndarray
 
     @property
     def world_size(self) -> int:
-        return len(self.sender)
+        return np.shape(self.sender)[-1]
 
     def link_bytes(self, host: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        a = np.asarray(self.sender, dtype=np.float64)  # [D]
-        b = np.asarray(self.receiver, dtype=np.float64)  # [D]
-        host_a, host_b = np.bincount(host, weights=a), np.bincount(host, weights=b)  # [hosts]
-        # a rank's host's total, itself included, and what the other hosts hold: [D]
-        mates_a, mates_b = host_a[host], host_b[host]
-        others_a, others_b = host_a.sum() - mates_a, host_b.sum() - mates_b
+        a = np.asarray(self.sender, dtype=np.float64)  # [..., D]
+        b = np.asarray(self.receiver, dtype=np.float64)  # [..., D]
+        _, index = np.unique(host, return_inverse=True)  # [D] each rank's host, 0..H-1
+        member = np.eye(index.max() + 1)[index]  # [D, H]
+        host_a, host_b = a @ member, b @ member  # [..., H]
+        # a rank's host's total, itself included, and what the other hosts hold: [..., D]
+        mates_a, mates_b = host_a[..., index], host_b[..., index]
+        others_a, others_b = host_a.sum(-1, keepdims=True) - mates_a, host_b.sum(-1, keepdims=True) - mates_b
         return a * (mates_b - b), b * (mates_a - a), a * others_b, b * others_a
 
 

@@ -29,21 +29,17 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
 
 from torchrec_neuroshard.dmp import broadcast_device
-from torchrec_neuroshard.costmodel import (
-    NeuralCostModel,
-    check_world_size,
-    cost_model_for,
-    feature_range_warning,
-    kernel_size_warning,
-)
+from torchrec_neuroshard.costmodel import NeuralCostModel, check_world_size, cost_model_for, feature_range_warning, kernel_size_warning
 from torchrec_neuroshard.estimators import global_batch
 from torchrec_neuroshard.planner_args import (
     Callback,
+    PlanRefiner,
     apply_callbacks,
     check_callbacks,
     check_constraints,
     check_modules_planned,
     check_plan_loader,
+    check_refiner,
     check_table_constraints,
     check_timeout,
     check_topology,
@@ -55,7 +51,7 @@ from torchrec_neuroshard.planner_args import (
     reservation_of,
 )
 from torchrec_neuroshard.plan_loading import load_plan, planner_context
-from torchrec_neuroshard.planner_memory import MemoryPlanning, PlanRefiner, check_refiner
+from torchrec_neuroshard.planner_memory import MemoryPlanning
 from torchrec_neuroshard.search import SearchConfig, SearchResult, search
 from torchrec_neuroshard.sharding import from_torchrec, sharder_load_factors, to_torchrec
 from torchrec_neuroshard.stats import empty_device_line, format_plan_stats, log_stats, replica_overhead_line, stats_list
@@ -130,7 +126,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
             ``stepcost.priced_tables``).
         search_config: the search's knobs (beam width, scales, ...).
         access_hists: measured access histograms by table (``profile_batches``).
-        refiner: opt-in, refines the searched plan (``planner_memory.PlanRefiner``, e.g. ``lab.refine.MeasuredRefiner``).
+        refiner: opt-in, refines the searched plan (``planner_args.PlanRefiner``, e.g. ``lab.refine.MeasuredRefiner``).
 
     After ``plan``: ``plan_`` (our ``Plan``; a loaded plan's too where a ``Plan`` records
     its kinds, else None), ``task_`` (every table as a ``Task`` at the global batch) and

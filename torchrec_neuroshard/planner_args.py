@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from torch import nn
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -19,7 +19,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_neuroshard.tables import ModuleTable
-from torchrec_neuroshard.types import ShardingError
+from torchrec_neuroshard.types import CostModel, Plan, ShardingError, Task
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +97,25 @@ def check_timeout(timeout_seconds: object) -> float | None:
     if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)) or not timeout_seconds > 0:
         raise ShardingError(f"timeout_seconds={timeout_seconds!r}: give a positive number of seconds, or None for no limit")
     return float(timeout_seconds)
+
+
+@runtime_checkable
+class PlanRefiner(Protocol):
+    """What refines the searched plan of ``task`` (planned for ``compute_device`` devices)
+    within ``deadline`` (a ``time.perf_counter()`` reading, None: its own budget): a valid
+    plan of the same tables, or ``plan`` itself."""
+
+    def refine(self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None) -> Plan: ...
+
+
+def check_refiner(refiner: object) -> PlanRefiner | None:
+    """``refiner`` if it is a ``PlanRefiner`` or None, else ``ShardingError`` saying what to give."""
+    if refiner is not None and not isinstance(refiner, PlanRefiner):
+        raise ShardingError(
+            f"refiner is a {type(refiner).__name__}, which has no refine(task, model, plan, compute_device, deadline); "
+            "give a PlanRefiner such as torchrec_neuroshard.lab.refine.MeasuredRefiner(), or None"
+        )
+    return refiner
 
 
 def check_callbacks(callbacks: object) -> list[Callback]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Sequence
 
 from torchrec_neuroshard.offload import Offload, attempts
 from torchrec_neuroshard.search.config import past
@@ -24,24 +24,6 @@ from torchrec_neuroshard.types import CostModel, InfeasibleError, Links, Plan, S
 from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
 logger = logging.getLogger("torchrec_neuroshard.planner")
-
-@runtime_checkable
-class PlanRefiner(Protocol):
-    """What refines the searched plan of ``task`` (planned for ``compute_device`` devices)
-    within ``deadline`` (a ``time.perf_counter()`` reading, None: its own budget): a valid
-    plan of the same tables, or ``plan`` itself."""
-
-    def refine(self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None) -> Plan: ...
-
-
-def check_refiner(refiner: object) -> PlanRefiner | None:
-    if refiner is not None and not isinstance(refiner, PlanRefiner):
-        raise ShardingError(
-            f"refiner is a {type(refiner).__name__}, which has no refine(task, model, plan, compute_device, deadline); "
-            "give a PlanRefiner such as torchrec_neuroshard.lab.refine.MeasuredRefiner(), or None"
-        )
-    return refiner
-
 
 KEPT_ATTEMPTS = 3
 """Feasible offload proposals planned (each by a quick search) before the cheapest is

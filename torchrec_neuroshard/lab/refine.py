@@ -11,9 +11,10 @@ while the measurement says the move pays.
    moves of one table-wise or column shard from the slowest measured device to one of the
    ``targets`` least-measured ones, the one whose corrected prediction leaves the two
    devices least is tried: the old plan's and the new plan's work on both devices timed
-   interleaved, round by round; it is kept when the slower of the two new devices beats
-   the old slowest by ``margin``. A move not kept is not tried again.
-   Either way the two devices keep their newer measurement.
+   interleaved, round by round, on each of ``draws`` draws of ids; it is kept when on every
+   draw the slower of the two new devices beats the old slowest by ``margin`` (one draw's
+   ids move a device's time by up to 20%, more than the margin). A move not kept is not
+   tried again. Either way the two devices keep their newer measurement.
 3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
@@ -39,8 +40,8 @@ from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingError, Sha
 
 logger = logging.getLogger("torchrec_neuroshard")
 
-Timer = Callable[[Task, Mapping[str, Plan], int], dict[str, float]]
-"""ms of each plan's work on one device, the plans timed interleaved."""
+Timer = Callable[[Task, Mapping[str, Plan], int], dict[str, tuple[float, ...]]]
+"""ms of each plan's work on one device on each draw of ids, the plans timed interleaved."""
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,16 @@ class MeasuredRefiner:
 
     Attributes:
         seconds: the most refinement may take (the planner's ``timeout_seconds`` also bounds it).
-        rounds, repeats: the judge's rounds per measurement and timed steps per round.
+        draws: the draws of ids every device and move is timed on (a move must pay on each).
+        rounds, repeats: the judge's rounds per draw and timed steps per round.
         targets: the least-measured devices a move may go to.
         margin: the share by which a move's slower device must beat the old slowest.
-        seed: the draw of ids the kernels are timed on.
+        seed: the seed of the draws of ids.
     """
 
     seconds: float = 60.0
-    rounds: int = 3
+    draws: int = 2
+    rounds: int = 2
     repeats: int = 3
     targets: int = 2
     margin: float = 0.03
@@ -65,7 +68,7 @@ class MeasuredRefiner:
     def __post_init__(self) -> None:
         if not self.seconds > 0:
             raise ValueError(f"MeasuredRefiner.seconds is {self.seconds}: give a positive number of seconds")
-        for name in ("rounds", "repeats", "targets"):
+        for name in ("draws", "rounds", "repeats", "targets"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MeasuredRefiner.{name} is {getattr(self, name)}: give at least 1")
         if not 0 <= self.margin < 1:
@@ -92,7 +95,7 @@ class MeasuredRefiner:
             if time.perf_counter() >= stop:
                 logger.warning("measured refinement: the budget ran out before every device was timed; the search's plan, unrefined")
                 return plan
-            measured[d] = timer(task, {"plan": plan}, d)["plan"]
+            measured[d] = np.mean(timer(task, {"plan": plan}, d)["plan"])
         predicted = device_compute(model, task, plan)  # [D]
         _log_devices(predicted, measured, "before")
         tried: set[tuple[str, int, int]] = set()
@@ -103,28 +106,34 @@ class MeasuredRefiner:
                 break
             candidate, (table, slow, fast) = move
             tried.add((table, slow, fast))
-            times = [timer(task, {"old": plan, "new": candidate}, d) for d in (slow, fast)]
-            pays = max(t["new"] for t in times) < times[0]["old"] * (1 - self.margin)
+            times = [{n: np.asarray(ms) for n, ms in timer(task, {"old": plan, "new": candidate}, d).items()} for d in (slow, fast)]
+            pays = bool(np.all(np.maximum(times[0]["new"], times[1]["new"]) < times[0]["old"] * (1 - self.margin)))  # on every draw
             logger.info(
-                "measured refinement: table %s from device %d to %d: %.2f and %.2f ms against %.2f and %.2f ms; %s",
-                table, slow, fast, times[0]["new"], times[1]["new"], times[0]["old"], times[1]["old"], "kept" if pays else "not kept",
+                "measured refinement: table %s from device %d to %d: %s and %s ms against %s and %s ms (by draw); %s",
+                table, slow, fast, *(_ms(t[n]) for n in ("new", "old") for t in times), "kept" if pays else "not kept",
             )  # fmt: skip
             if pays:
                 plan, kept = candidate, kept + 1
                 predicted = device_compute(model, task, plan)
-            measured[slow], measured[fast] = (t["new" if pays else "old"] for t in times)  # the newer measurement
+            measured[slow], measured[fast] = (t["new" if pays else "old"].mean() for t in times)  # the newer measurement
         _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
         return plan
 
     def _judge_timer(self, task: Task, on: torch.device) -> Timer:
-        draws = [task_lookups(task, seed=self.seed)]
-        config = JudgeConfig(passes=1, draws=1, rounds=self.rounds, repeats=self.repeats)
+        draws = [task_lookups(task, seed=self.seed, draw=k) for k in range(self.draws)]
+        config = JudgeConfig(passes=1, draws=self.draws, rounds=self.rounds, repeats=self.repeats)
 
-        def timer(task: Task, plans: Mapping[str, Plan], device: int) -> dict[str, float]:
-            rows = time_device(task, plans, device, draws, config, on=on)
-            return {r["planner"]: statistics.median(np.add(r["fused_ms"], r["replicas_ms"]).tolist()) for r in rows}
+        def timer(task: Task, plans: Mapping[str, Plan], device: int) -> dict[str, tuple[float, ...]]:
+            ms = {name: [0.0] * len(draws) for name in plans}
+            for r in time_device(task, plans, device, draws, config, on=on):  # a row per (draw, plan)
+                ms[r["planner"]][r["draw"]] = statistics.median(np.add(r["fused_ms"], r["replicas_ms"]).tolist())
+            return {name: tuple(v) for name, v in ms.items()}
 
         return timer
+
+
+def _ms(by_draw: np.ndarray) -> str:
+    return "/".join(f"{x:.2f}" for x in by_draw)
 
 
 def _stop(seconds: float, deadline: float | None) -> float:
