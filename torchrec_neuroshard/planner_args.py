@@ -109,13 +109,10 @@ class PlanRefiner(Protocol):
 
 
 def check_refiner(refiner: object) -> PlanRefiner | None:
-    """``refiner`` if it is a ``PlanRefiner`` or None, else ``ShardingError`` saying what to give."""
-    if refiner is not None and not isinstance(refiner, PlanRefiner):
-        raise ShardingError(
-            f"refiner is a {type(refiner).__name__}, which has no refine(task, model, plan, compute_device, deadline); "
-            "give a PlanRefiner such as torchrec_neuroshard.lab.refine.MeasuredRefiner(), or None"
-        )
-    return refiner
+    return _none_or(
+        PlanRefiner, refiner, "refiner", "a PlanRefiner (its refine(task, model, plan, compute_device, deadline)) such as "
+        "torchrec_neuroshard.lab.refine.MeasuredRefiner()",
+    )  # fmt: skip
 
 
 def check_callbacks(callbacks: object) -> list[Callback]:
@@ -131,12 +128,15 @@ def check_callbacks(callbacks: object) -> list[Callback]:
 
 
 def check_plan_loader(plan_loader: object) -> PlanLoader | None:
-    if plan_loader is not None and not isinstance(plan_loader, PlanLoader):
-        raise ShardingError(
-            f"plan_loader={type(plan_loader).__name__}: give a TorchRec PlanLoader "
-            "(torchrec.distributed.planner.types.PlanLoader) or None"
-        )
-    return plan_loader
+    return _none_or(PlanLoader, plan_loader, "plan_loader", "a TorchRec PlanLoader (torchrec.distributed.planner.types.PlanLoader)")
+
+
+def _none_or(kind: type, value: object, argument: str, give: str):
+    """``value`` where it is None or a ``kind``, else ``ShardingError`` naming ``argument``
+    and what to ``give``."""
+    if value is not None and not isinstance(value, kind):
+        raise ShardingError(f"{argument}={type(value).__name__}: give {give}, or None")
+    return value
 
 
 def apply_callbacks(callbacks: Sequence[Callback], options: list[ShardingOption]) -> list[ShardingOption]:
