@@ -1,0 +1,174 @@
+"""Does a device run slower than the model prices it when it holds more columns than the
+others, and does capping each device's columns make NeuroShard's plans faster? Held-out
+pools, issue 43.
+
+    python -m studies.dim_cap evidence
+    taskset -c 1 python -m studies.dim_cap plan --devices 8 --pool-seeds 2 4
+    taskset -c 1 python -m studies.dim_cap measure --devices 8 --pool-seeds 2 4
+    python -m studies.dim_cap report
+
+``evidence``: every device of every plan judged so far (``benchmarks/results/scale_measured``,
+timed on an AMD EPYC; ``studies/results/machine_model_measured``, on an Intel Xeon), its
+measured / predicted ms (predicted by the shipped ``cpu.pt`` as ``benchmarks.scale`` plans
+with it) over its plan's mean of that ratio, against its dim sum and its lookup columns
+(width x pooling factor, summed) over their plan's means: per machine and D the pooled
+correlation and the least-squares slope of each. A positive slope on dims: the wider
+device runs slower than priced. ``plan``: NeuroShard as ``benchmarks.scale`` plans it
+(the shipped cpu.pt, links-priced comm) by today's search (``neuroshard_now``) and with its
+max-dimension scales cut to ``CAPPED`` and no local search (``neuroshard_dimcap``: the local
+search moves shards whatever their columns), rows appended to
+``results/dim_cap_planned.jsonl.gz``. ``measure``: both beside the stored plans of
+``PLANNERS`` by the scale benchmark's judge (``results/dim_cap_measured.jsonl.gz``,
+resumable). ``report``: all of it, ``results/dim_cap.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from benchmarks.scale import judge_task, planned_row, planning_model, scale_task
+from benchmarks.scale_report import MEASURED as SCALE_MEASURED
+from benchmarks.scale_report import PLANNED as SCALE_PLANNED
+from benchmarks.scale_report import judged_task, latest_plans, task_lines
+from studies.machine_model import MEASURED as MACHINE_MEASURED
+from studies.machine_model import PLANNED as MACHINE_PLANNED
+from torchrec_neuroshard.lab.collect import append_rows, read_rows
+from torchrec_neuroshard.lab.evaluate import task_lookups
+from torchrec_neuroshard.lab.judge import JudgeConfig
+from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
+from torchrec_neuroshard.types import Plan
+
+RESULTS = Path(__file__).parent / "results"
+PLANNED = RESULTS / "dim_cap_planned.jsonl.gz"
+MEASURED = RESULTS / "dim_cap_measured.jsonl.gz"
+REPORT = RESULTS / "dim_cap.md"
+CAPPED = (1.0, 1.025, 1.05)
+"""The max-dimension scales of the capped search: a device's dim sum within 1.05 x the mean."""
+VARIANTS = {"neuroshard_now": SearchConfig(), "neuroshard_dimcap": SearchConfig(scales=CAPPED, local_search=False)}
+"""The searches ``plan`` runs, by planner name."""
+PLANNERS = ("neuroshard", "lookup", "size_lookup")
+"""The scale benchmark's stored plans, timed beside the capped one."""
+JUDGED = (("AMD EPYC (scale.md)", SCALE_MEASURED, SCALE_PLANNED), ("Intel Xeon (machine_model.md)", MACHINE_MEASURED, MACHINE_PLANNED))
+"""(machine, measured rows, planned rows) of the judged runs the evidence reads (the scale
+benchmark's rows name no CPU: its report does)."""
+
+
+def device_features(devices: int, pool_seed: int, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per device [D]: the shipped model's predicted compute ms, the dim sum and the lookup
+    columns (width x pooling factor, summed) of its shards."""
+    task, model = planning_model(devices, pool_seed)
+    _, priced = predicted_breakdown(model, task, plan)
+    pooling = {t.name: t.pooling_factor for t in task.tables}
+    lookups = np.zeros(devices)
+    for p in plan.placements:
+        for width, device in zip(p.widths, p.devices):
+            lookups[device] += width * pooling[p.table]
+    return np.asarray([d.fwd_compute + d.bwd_compute for d in priced]), np.asarray(plan.device_dims(), dtype=float), lookups
+
+
+def evidence_lines() -> list[str]:
+    """The evidence table (see the module docstring)."""
+    lines = [
+        "| machine | D | plans | devices | dims: correlation | dims: slope | lookup columns: correlation | lookup columns: slope |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for machine, measured_path, planned_path in JUDGED:
+        measured, planned = read_rows(measured_path), read_rows(SCALE_PLANNED) + read_rows(planned_path)
+        pooled: dict[int, list[np.ndarray]] = {}
+        for pool_seed, devices in sorted({(r["pool_seed"], r["devices"]) for r in measured}):
+            stored = latest_plans(planned, pool_seed, devices)
+            for name, judged in judged_task(measured, pool_seed, devices).items():
+                predicted, dims, lookups = device_features(devices, pool_seed, Plan.from_dict(stored[name]["plan"]))
+                ratio = judged.per_device / predicted
+                pooled.setdefault(devices, []).append(np.stack([ratio / ratio.mean(), dims / dims.mean(), lookups / lookups.mean()]))
+        for devices, parts in sorted(pooled.items()):
+            error, dims, lookups = np.concatenate(parts, axis=1) - 1.0  # [3, devices of every plan], 0 at a plan's mean
+            cells = [f"{np.corrcoef(x, error)[0, 1]:+.2f} | {float(x @ error / (x @ x)):+.3f}" for x in (dims, lookups)]
+            lines.append(f"| {machine} | {devices} | {len(parts)} | {error.size} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
+def plan(devices: int, pool_seed: int) -> None:
+    task, model = planning_model(devices, pool_seed)
+    for name, config in VARIANTS.items():
+        row = {
+            "pool_seed": pool_seed, "devices": devices, "planner": name, "model": "shipped cpu.pt",
+            "scales": [x if math.isfinite(x) else "inf" for x in config.scales],
+            "local_search": config.local_search,
+        }  # fmt: skip
+
+        def searched(config: SearchConfig = config) -> tuple[Plan, dict]:
+            result = search(task, model, config)
+            return result.plan, {"note": f"{result.states_evaluated} split states"}
+
+        append_rows(PLANNED, [planned_row(row, searched, lambda p: (task, model))])
+
+
+def _planned(devices: int, pool_seed: int) -> dict[str, dict]:
+    stored = latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)
+    return {**{n: stored[n] for n in PLANNERS if n in stored and stored[n]["status"] == "ok"}, **latest_plans(read_rows(PLANNED), pool_seed, devices)}
+
+
+def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
+    plans = {n: Plan.from_dict(r["plan"]) for n, r in _planned(devices, pool_seed).items()}
+    draws = [task_lookups(scale_task(devices, pool_seed), draw=k) for k in range(config.draws)]
+    judge_task(devices, pool_seed, plans, config, draws, MEASURED)
+
+
+def report() -> str:
+    lines = [
+        "# A device's columns: what the model misses, and a cap on them", "",
+        "`python -m studies.dim_cap evidence`, `plan`, `measure`, `report` (see the study's docstring).", "",
+        "## Every judged plan's devices: measured / predicted against dims and lookup columns (each over its plan's mean)", "",
+    ] + evidence_lines()  # fmt: skip
+    measured = read_rows(MEASURED)
+    tasks = sorted({(r["pool_seed"], r["devices"]) for r in measured})
+    if tasks:
+        lines += [
+            "", f"## NeuroShard by today's search (`neuroshard_now`) and with its scales cut to {list(CAPPED)}, no local search "
+            f"(`neuroshard_dimcap`), judged on {measured[0]['cpu']}", "",
+            "| D | planner | compute ms | slowest / mean device | / TorchRec | / best heuristic timed | units fastest "
+            "| predicted ms | planning s (load) | kinds |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]  # fmt: skip
+    spreads = []
+    for pool_seed, devices in tasks:
+        rows = _planned(devices, pool_seed)
+        lines += [f"| pool {pool_seed} | | | | | | | | | |"] + task_lines(pool_seed, devices, rows, judged_task(measured, pool_seed, devices))
+        spread = {n: np.max(d := Plan.from_dict(r["plan"]).device_dims()) / np.mean(d) for n, r in rows.items()}
+        spreads.append(f"- pool {pool_seed}, D = {devices}: " + ", ".join(f"{n} {x:.2f}" for n, x in spread.items()))
+    if spreads:
+        lines += ["", "A device's dim sum, widest / mean:", ""] + spreads
+    REPORT.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["evidence", "plan", "measure", "report"])
+    p.add_argument("--devices", type=int, nargs="+", default=[8])
+    p.add_argument("--pool-seeds", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    logging.getLogger("torchrec_neuroshard").setLevel(logging.ERROR)
+    with threadpool_limits(limits=1):
+        if args.step == "evidence":
+            print("\n".join(evidence_lines()))
+        elif args.step == "report":
+            print(report())
+        else:
+            for pool_seed in args.pool_seeds:
+                for devices in args.devices:
+                    plan(devices, pool_seed) if args.step == "plan" else measure(devices, pool_seed, JudgeConfig(rounds=args.rounds))
+
+
+if __name__ == "__main__":
+    main()
