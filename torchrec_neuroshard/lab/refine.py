@@ -124,9 +124,12 @@ class MeasuredRefiner:
         config = JudgeConfig(passes=1, draws=self.draws, rounds=self.rounds, repeats=self.repeats)
 
         def timer(task: Task, plans: Mapping[str, Plan], device: int) -> dict[str, tuple[float, ...]]:
-            ms = {name: [0.0] * len(draws) for name in plans}
+            ms = {name: [float("nan")] * len(draws) for name in plans}
             for r in time_device(task, plans, device, draws, config, on=on):  # a row per (draw, plan)
                 ms[r["planner"]][r["draw"]] = statistics.median(np.add(r["fused_ms"], r["replicas_ms"]).tolist())
+            missing = sorted(name for name, v in ms.items() if np.isnan(v).any())
+            if missing:
+                raise RuntimeError(f"the judge returned no time on device {device} for draws of plans {missing}")
             return {name: tuple(v) for name, v in ms.items()}
 
         return timer
