@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib
+import inspect
 import logging
 import pstats
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -109,11 +113,11 @@ STAGES = (
 that calls it holds it, wrapped in a wall clock (cProfile's overhead lands on small calls)."""
 
 
-def stages(tables: int) -> None:
-    """Wall seconds and calls of each of ``STAGES`` in one plan() of ``tables`` tables."""
-    import importlib
-
-    spent = {label: [0.0, 0] for *_, label in STAGES}
+@contextmanager
+def wall_clocks(targets: Sequence[tuple[object, str, str]]) -> Iterator[dict[str, list]]:
+    """While inside: each ``(owner, name, label)`` of ``targets`` (a module or class and the
+    function it holds) wrapped in a wall clock; yields ``{label: [seconds, calls]}``."""
+    spent = {label: [0.0, 0] for *_, label in targets}
 
     def timed(function, label):
         def wrapper(*args, **kwargs):
@@ -126,16 +130,22 @@ def stages(tables: int) -> None:
 
         return wrapper
 
-    time_plan(20, None)  # loads the cost model and TorchRec's imports
-    modules = [(importlib.import_module(m), name, label) for m, name, label in STAGES]
-    kept = [getattr(module, name) for module, name, _ in modules]
-    for (module, name, label), function in zip(modules, kept):
-        setattr(module, name, timed(function, label))
+    kept = [inspect.getattr_static(owner, name) for owner, name, _ in targets]  # a staticmethod stays one
+    for (owner, name, label), held in zip(targets, kept):
+        wrapped = timed(getattr(owner, name), label)
+        setattr(owner, name, staticmethod(wrapped) if isinstance(held, staticmethod) else wrapped)
     try:
-        row = time_plan(tables, None)
+        yield spent
     finally:
-        for (module, name, _), function in zip(modules, kept):
-            setattr(module, name, function)
+        for (owner, name, _), held in zip(targets, kept):
+            setattr(owner, name, held)
+
+
+def stages(tables: int) -> None:
+    """Wall seconds and calls of each of ``STAGES`` in one plan() of ``tables`` tables."""
+    time_plan(20, None)  # loads the cost model and TorchRec's imports
+    with wall_clocks([(importlib.import_module(m), name, label) for m, name, label in STAGES]) as spent:
+        row = time_plan(tables, None)
     print(f"plan() of {tables:,} tables: {row.seconds:.2f} s")
     for label, (seconds, calls) in spent.items():
         print(f"  {label}: {seconds:.2f} s in {calls} calls")

@@ -46,7 +46,7 @@ from tqdm import tqdm
 
 from benchmarks.fullsize import PLANNERS as FULLSIZE_PLANNERS
 from benchmarks.fullsize import plan_with
-from benchmarks.scale_report import MEASURED, PLANNED, latest_plans, write_report
+from benchmarks.scale_report import MEASURED, PLANNED, latest_plans, ok_rows, write_report
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, cost_model_for
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.hardware import local_hardware
@@ -173,9 +173,13 @@ def keep(num_devices: int, pool_seed: int, planner: str, label: str) -> None:
 def measure(num_devices: int, pool_seed: int, planners: Sequence[str], config: JudgeConfig, draws: list) -> None:
     """The judge over the last plans of ``planners`` (those with one) on one task, rows
     appended to ``MEASURED`` (``judge_task``)."""
-    rows = latest_plans(read_rows(PLANNED), pool_seed, num_devices)
-    plans = {n: Plan.from_dict(rows[n]["plan"]) for n in planners if n in rows and rows[n]["status"] == "ok"}
+    plans = {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(PLANNED), pool_seed, num_devices, planners).items()}
     judge_task(num_devices, pool_seed, plans, config, draws, MEASURED)
+
+
+def task_draws(num_devices: int, pool_seed: int, draws: int) -> list:
+    """The ``draws`` draws of ids of one task the judge times every plan on."""
+    return [task_lookups(scale_task(num_devices, pool_seed), draw=k) for k in range(draws)]
 
 
 def plans_sha(plans: dict[str, Plan]) -> str:
@@ -237,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
                     keep(d, pool_seed, args.planners[0], args.label)
                 continue
             config = JudgeConfig(args.passes, args.draws, args.rounds)
-            draws = [task_lookups(scale_task(args.devices[0], pool_seed), draw=k) for k in range(config.draws)]
+            draws = task_draws(args.devices[0], pool_seed, config.draws)
             for d in args.devices:  # the same tables and batch at every D (tests check)
                 measure(d, pool_seed, args.planners or MEASURED_PLANNERS, config, draws)
         if args.step == "report":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import statistics
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -34,6 +34,18 @@ TORCHREC = "torchrec_timeout"
 def latest_plans(rows: list[dict], pool_seed: int, devices: int) -> dict[str, dict]:
     """The last planning row of each planner on one task."""
     return {r["planner"]: r for r in rows if r.get("pool_seed") == pool_seed and r["devices"] == devices}
+
+
+def ok_rows(rows: list[dict], pool_seed: int, devices: int, planners: Sequence[str]) -> dict[str, dict]:
+    """The last planning row of each of ``planners`` on one task, where it made a plan."""
+    latest = latest_plans(rows, pool_seed, devices)
+    return {n: latest[n] for n in planners if n in latest and latest[n]["status"] == "ok"}
+
+
+def beside_stored(rows: list[dict], pool_seed: int, devices: int, planners: Sequence[str]) -> dict[str, dict]:
+    """A study's last planning rows of one task (``rows``) beside this benchmark's stored
+    ones of ``planners`` (``ok_rows`` of ``PLANNED``), by planner."""
+    return {**ok_rows(read_rows(PLANNED), pool_seed, devices, planners), **latest_plans(rows, pool_seed, devices)}
 
 
 def last_judged(rows: list[dict], pool_seed: int, devices: int) -> list[dict]:

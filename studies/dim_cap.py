@@ -33,17 +33,16 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks.scale import judge_task, planned_row, planning_model, scale_task
+from benchmarks.scale import judge_task, planned_row, planning_model, task_draws
 from benchmarks.scale_report import MEASURED as SCALE_MEASURED
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import judged_task, latest_plans, task_lines
+from benchmarks.scale_report import beside_stored, judged_task, latest_plans, task_lines
 from studies.machine_model import MEASURED as MACHINE_MEASURED
 from studies.machine_model import PLANNED as MACHINE_PLANNED
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import JudgeConfig
 from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
-from torchrec_neuroshard.types import Plan
+from torchrec_neuroshard.types import CostModel, Plan, Task
 
 RESULTS = Path(__file__).parent / "results"
 PLANNED = RESULTS / "dim_cap_planned.jsonl.gz"
@@ -60,13 +59,12 @@ JUDGED = (("AMD EPYC (scale.md)", SCALE_MEASURED, SCALE_PLANNED), ("Intel Xeon (
 benchmark's rows name no CPU: its report does)."""
 
 
-def device_features(devices: int, pool_seed: int, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per device [D]: the shipped model's predicted compute ms, the dim sum and the lookup
-    columns (width x pooling factor, summed) of its shards."""
-    task, model = planning_model(devices, pool_seed)
+def device_features(task: Task, model: CostModel, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per device [D]: ``model``'s predicted compute ms, the dim sum and the lookup columns
+    (width x pooling factor, summed) of its shards."""
     _, priced = predicted_breakdown(model, task, plan)
     pooling = {t.name: t.pooling_factor for t in task.tables}
-    lookups = np.zeros(devices)
+    lookups = np.zeros(task.num_devices)
     for p in plan.placements:
         for width, device in zip(p.widths, p.devices):
             lookups[device] += width * pooling[p.table]
@@ -83,9 +81,9 @@ def evidence_lines() -> list[str]:
         measured, planned = read_rows(measured_path), read_rows(SCALE_PLANNED) + read_rows(planned_path)
         pooled: dict[int, list[np.ndarray]] = {}
         for pool_seed, devices in sorted({(r["pool_seed"], r["devices"]) for r in measured}):
-            stored = latest_plans(planned, pool_seed, devices)
+            stored, (task, model) = latest_plans(planned, pool_seed, devices), planning_model(devices, pool_seed)
             for name, judged in judged_task(measured, pool_seed, devices).items():
-                predicted, dims, lookups = device_features(devices, pool_seed, Plan.from_dict(stored[name]["plan"]))
+                predicted, dims, lookups = device_features(task, model, Plan.from_dict(stored[name]["plan"]))
                 ratio = judged.per_device / predicted
                 pooled.setdefault(devices, []).append(np.stack([ratio / ratio.mean(), dims / dims.mean(), lookups / lookups.mean()]))
         for devices, parts in sorted(pooled.items()):
@@ -112,14 +110,13 @@ def plan(devices: int, pool_seed: int) -> None:
 
 
 def _planned(devices: int, pool_seed: int) -> dict[str, dict]:
-    stored = latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)
-    return {**{n: stored[n] for n in PLANNERS if n in stored and stored[n]["status"] == "ok"}, **latest_plans(read_rows(PLANNED), pool_seed, devices)}
+    """The task's stored scale plans of ``PLANNERS`` and this study's, by planner."""
+    return beside_stored(read_rows(PLANNED), pool_seed, devices, PLANNERS)
 
 
 def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
     plans = {n: Plan.from_dict(r["plan"]) for n, r in _planned(devices, pool_seed).items()}
-    draws = [task_lookups(scale_task(devices, pool_seed), draw=k) for k in range(config.draws)]
-    judge_task(devices, pool_seed, plans, config, draws, MEASURED)
+    judge_task(devices, pool_seed, plans, config, task_draws(devices, pool_seed, config.draws), MEASURED)
 
 
 def report() -> str:

@@ -27,6 +27,7 @@ import torch
 from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
+from benchmarks.plan_budget import wall_clocks
 from benchmarks.uvm import median_range
 from torchrec_neuroshard.search import SearchConfig
 from torchrec_neuroshard.search import local
@@ -34,30 +35,8 @@ from torchrec_neuroshard.search import local
 OUT = Path(__file__).parent / "results" / "local_stall.md"
 
 
-class _LocalSearchMeter:
-    """Counts the local search's rounds and sums its seconds while installed."""
-
-    def __init__(self) -> None:
-        self.rounds, self.seconds = 0, 0.0
-        self._of, self._improve = local._Devices.of, local.local_improve
-
-    def __enter__(self) -> "_LocalSearchMeter":
-        def of(*args, **kwargs):
-            self.rounds += 1
-            return self._of(*args, **kwargs)
-
-        def improve(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return self._improve(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - start
-
-        local._Devices.of, local.local_improve = staticmethod(of), improve
-        return self
-
-    def __exit__(self, *exc) -> None:
-        local._Devices.of, local.local_improve = staticmethod(self._of), self._improve
+LOCAL_SEARCH = ((local._Devices, "of", "rounds"), (local, "local_improve", "local search"))
+"""What ``wall_clocks`` counts: the local search's rounds (``_Devices.of``, once a round) and its seconds."""
 
 
 VARIANTS = {"no rule": SearchConfig(local_min_gain=0.0), "rule": SearchConfig()}
@@ -99,10 +78,10 @@ def main(argv: list[str] | None = None) -> None:
         for _ in tqdm(range(args.rounds), desc="rounds"):
             for name, plan in tasks.items():
                 for variant, config in VARIANTS.items():
-                    with _LocalSearchMeter() as meter:
+                    with wall_clocks(LOCAL_SEARCH) as spent:
                         wall, planner = plan(config)
                     rows.setdefault((name, variant), []).append(
-                        (wall, planner.search_result_.predicted_cost_ms, repr(planner.plan_), meter.rounds, meter.seconds)
+                        (wall, planner.search_result_.predicted_cost_ms, repr(planner.plan_), spent["rounds"][1], spent["local search"][0])
                     )
     lines = [
         "| task | local search rounds, no rule -> rule | local search s (medians) | plan(): no rule, wall s | rule, wall s "

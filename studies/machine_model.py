@@ -28,13 +28,11 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from benchmarks.fullsize import plan_with
-from benchmarks.scale import judge_task, planned_row, planning_model, scale_task
-from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import judged_task, latest_plans, model_lines, task_lines
+from benchmarks.scale import judge_task, planned_row, planning_model, task_draws
+from benchmarks.scale_report import beside_stored, judged_task, model_lines, task_lines
 from torchrec_neuroshard.costmodel.shipped import shipped_hardware
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import JudgeConfig
 from torchrec_neuroshard.search import predicted_breakdown
 from torchrec_neuroshard.types import Plan
@@ -61,15 +59,12 @@ def plan(devices: int, pool_seed: int, name: str) -> None:
 
 def _planned(devices: int, pool_seed: int) -> dict[str, dict]:
     """The task's stored scale plans of ``PLANNERS`` and this study's, by planner."""
-    stored = latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)
-    ours = latest_plans(read_rows(PLANNED), pool_seed, devices)
-    return {**{n: stored[n] for n in PLANNERS if n in stored and stored[n]["status"] == "ok"}, **ours}
+    return beside_stored(read_rows(PLANNED), pool_seed, devices, PLANNERS)
 
 
 def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
     plans = {n: Plan.from_dict(r["plan"]) for n, r in _planned(devices, pool_seed).items()}
-    draws = [task_lookups(scale_task(devices, pool_seed), draw=k) for k in range(config.draws)]
-    judge_task(devices, pool_seed, plans, config, draws, MEASURED)
+    judge_task(devices, pool_seed, plans, config, task_draws(devices, pool_seed, config.draws), MEASURED)
 
 
 def report(name: str) -> str:

@@ -26,11 +26,10 @@ from pathlib import Path
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks.scale import judge_task, planning_model, plans_sha, scale_task
+from benchmarks.scale import judge_task, planning_model, plans_sha, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import latest_plans
+from benchmarks.scale_report import latest_plans, ok_rows
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, ratio_interval, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.refine import MeasuredRefiner
@@ -62,8 +61,7 @@ def refine(devices: int, pool_seed: int, seconds: float) -> None:
 def _plans(devices: int, pool_seed: int, refined: dict | None = None) -> dict[str, Plan]:
     """The stored plans of ``PLANNERS`` and the refined plan of ``refined`` (a row of
     ``PLANNED``; None: the task's last)."""
-    stored = latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)
-    plans = {n: Plan.from_dict(stored[n]["plan"]) for n in PLANNERS if n in stored and stored[n]["status"] == "ok"}
+    plans = {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(SCALE_PLANNED), pool_seed, devices, PLANNERS).items()}
     refined = refined or _refined_rows(pool_seed, devices)[-1]
     return {**plans, REFINED: Plan.from_dict(refined["plan"])}
 
@@ -81,8 +79,7 @@ def _refined_row(pool_seed: int, devices: int, sha: str) -> dict:
 
 
 def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
-    draws = [task_lookups(scale_task(devices, pool_seed), draw=k) for k in range(config.draws)]
-    judge_task(devices, pool_seed, _plans(devices, pool_seed), config, draws, MEASURED)
+    judge_task(devices, pool_seed, _plans(devices, pool_seed), config, task_draws(devices, pool_seed, config.draws), MEASURED)
 
 
 def report() -> str:
