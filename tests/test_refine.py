@@ -110,5 +110,7 @@ def test_refiner_says_so_where_it_cannot_time_the_kernels(caplog) -> None:
 def test_refiner_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="seconds"):
         MeasuredRefiner(seconds=0)
+    with pytest.raises(ValueError, match="MeasuredRefiner.draws is 0"):
+        MeasuredRefiner(draws=0)
     with pytest.raises(ShardingError, match="PlanRefiner"):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), refiner=object())
