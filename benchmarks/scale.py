@@ -24,7 +24,8 @@ load average before and after it, so a TorchRec plan made on a busy machine show
 
 The judge is not our cost model: ``lab.judge`` times each device of every plan here, as
 DMP runs it (fused kernels, the data-parallel tables' dense kernel and update), in passes
-of opposite device order, draws of ids and interleaved rounds. Plans are kept with their
+of opposite device order, draws of ids and interleaved rounds, each time divided by a fixed
+reference's in the same round (``--no-reference``: not). Plans are kept with their
 rows, so a re-measure never re-plans.
 """
 
@@ -190,15 +191,14 @@ def plans_sha(plans: dict[str, Plan]) -> str:
 def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config: JudgeConfig, draws: list, out: Path) -> None:
     """The judge over ``plans`` of one task; rows appended to ``out`` with the digest of the
     plans (``plans_sha``), the judge's configuration and the CPU timing them, a device
-    already measured for these plans on this CPU skipped (re-run to resume; re-planned, or
-    on another machine, all are timed again)."""
+    already measured for these plans on this CPU by this configuration skipped (re-run to
+    resume; re-planned, on another machine or otherwise judged, all are timed again)."""
     sha = plans_sha(plans)
-    key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe()}
+    key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe(), **dataclasses.asdict(config)}
     done = {(r["pass"], r["device"]) for r in read_rows(out) if all(r.get(k) == v for k, v in key.items())}
-    config_row = dataclasses.asdict(config)
     judge_plans(
         scale_task(num_devices, pool_seed), plans, draws, config, done,
-        append=lambda measured: append_rows(out, [{**key, **config_row, **r} for r in measured]),
+        append=lambda measured: append_rows(out, [{**key, **r} for r in measured]),
         progress=lambda it: tqdm(it, desc=f"pool {pool_seed} D={num_devices} devices"),
     )  # fmt: skip
 
@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--passes", type=int, default=JudgeConfig.passes)
     p.add_argument("--draws", type=int, default=JudgeConfig.draws)
     p.add_argument("--rounds", type=int, default=JudgeConfig.rounds)
+    p.add_argument("--no-reference", dest="reference", action="store_false", help="measure: time no reference to steady the plans by")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with threadpool_limits(limits=1), cpu_threads(1):
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
                 for d in args.devices:
                     keep(d, pool_seed, args.planners[0], args.label)
                 continue
-            config = JudgeConfig(args.passes, args.draws, args.rounds)
+            config = JudgeConfig(args.passes, args.draws, args.rounds, reference=args.reference)
             draws = task_draws(args.devices[0], pool_seed, config.draws)
             for d in args.devices:  # the same tables and batch at every D (tests check)
                 measure(d, pool_seed, args.planners or MEASURED_PLANNERS, config, draws)

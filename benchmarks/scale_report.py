@@ -19,7 +19,7 @@ import numpy as np
 
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judgements, rank_correlation, ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 
 RESULTS = Path(__file__).parent / "results"
@@ -56,18 +56,14 @@ def last_judged(rows: list[dict], pool_seed: int, devices: int) -> list[dict]:
     return [r for r in mine if (r["plans_sha"], r.get("cpu")) == last]
 
 
-def judged_task(rows: list[dict], pool_seed: int, devices: int) -> dict[str, Judged]:
-    """Per planner, its measurement in the task's last judged set of plans (complete ones only)."""
+def judged_task(rows: list[dict], pool_seed: int, devices: int, steady: bool = True) -> dict[str, Judged]:
+    """Per planner, its measurement in the task's last judged set of plans (complete ones
+    only), steadied by the run's reference where it timed one (``lab.judge.judgements``)."""
     last = last_judged(rows, pool_seed, devices)
     if not last:
         return {}
-    config = JudgeConfig(*(last[0][k] for k in ("passes", "draws", "rounds", "repeats")))
-    out = {}
-    for name in dict.fromkeys(r["planner"] for r in last):
-        judged = Judged.of([r for r in last if r["planner"] == name], devices, config)
-        if judged is not None:
-            out[name] = judged
-    return out
+    config = JudgeConfig(*(last[0][k] for k in ("passes", "draws", "rounds", "repeats")), last[0].get("reference", False))
+    return judgements(last, devices, config, steady)
 
 
 def _interval(a: Judged, b: Judged | None) -> str:
@@ -187,7 +183,8 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         "local batch; rows / 64, global batch 4,096) by `lab.judge`; a plan's compute is its slowest device's median over "
         "units (pass x draw x round); ratios of compute with a 90% paired bootstrap interval over units; 'units fastest': "
         "the units in which the plan's slowest device was the least of all timed plans. Predicted: the slowest device as "
-        "the shipped model prices it now (a neuroshard_LABEL row planned by another model file: as that model priced it). Planning s with the machine's 1-min load average before -> after.",
+        "the shipped model prices it now (a neuroshard_LABEL row planned by another model file: as that model priced it). Planning s with the machine's 1-min load average before -> after."
+        + (" Where a run timed the judge's reference, each time is divided by the reference's in its round (`JudgeConfig.reference`)." if any(r.get("reference") for r in measured_rows) else ""),
     ]
     for pool_seed in dict.fromkeys(p for p, _ in tasks):
         label = "held out: no training kernel came from it" if pool_seed in HELD_OUT_POOL_SEEDS else "the TRAINING pool: claims are not made on it"

@@ -16,7 +16,8 @@ heaviest first, to the least loaded device).
 One CPU cannot run 16 devices at once, so every device's work as DMP builds it (its fused
 FBGEMM kernels; data-parallel tables as a dense kernel and full-table update) is timed
 here one device at a time (``lab.judge``: two passes in opposite device order, planners
-interleaved, their order rotated). A plan's compute is its slowest device: the step waits
+interleaved, their order rotated, a fixed reference timed in every round to divide the
+machine's drift out). A plan's compute is its slowest device: the step waits
 for it. Collectives are not timed: the emulated devices would run them over a cluster's
 links, which NeuroShard prices from the ``Topology`` (as TorchRec's estimator does).
 """
@@ -41,7 +42,7 @@ from torchrec_neuroshard.costmodel import cost_model_for
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import Judged, JudgeConfig, judge_plans, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import Judged, JudgeConfig, judge_plans, judgements, rank_correlation, ratio_interval, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.torchrec_baseline import per_rank_batch, run_torchrec, topology_for
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
@@ -87,11 +88,12 @@ def plan_all(task: Task, model) -> tuple[dict[str, Plan], dict[str, float]]:
 
 
 def measure(task: Task, plans: dict[str, Plan], config: JudgeConfig) -> dict[str, Judged]:
-    """Every device of every plan timed here by ``lab.judge``'s protocol."""
+    """Every device of every plan timed here by ``lab.judge``'s protocol (steadied by its
+    reference where ``config`` times one)."""
     draws = [task_lookups(task, seed=0, draw=d) for d in range(config.draws)]
     with threadpool_limits(1), cpu_threads(1):
         rows = judge_plans(task, plans, draws, config, progress=lambda it: tqdm(it, desc="devices timed", leave=False))
-    return {name: Judged.of([r for r in rows if r["planner"] == name], task.num_devices, config) for name in plans}
+    return judgements(rows, task.num_devices, config)
 
 
 def predicted(task: Task, plans: dict[str, Plan], model) -> dict[str, np.ndarray]:
@@ -191,12 +193,15 @@ def main(argv: list[str] | None = None) -> None:
     title = f"{args.tables} tables of held-out pool {args.pool} on {args.devices} emulated devices, global batch {task.batch_size}"
     print(f"{title}\nNeuroShard's cost model: the shipped one measured on {model.hardware.name} ({model.hardware.cores} cores)", flush=True)
     plans, seconds = plan_all(task, model)
-    judged = measure(task, plans, JudgeConfig(passes=2, draws=args.draws, rounds=args.rounds, repeats=3))
+    judged = measure(task, plans, JudgeConfig(passes=2, draws=args.draws, rounds=args.rounds, repeats=3, reference=True))
     predictions = predicted(task, plans, model)
     shown = ["neuroshard", "torchrec", best_heuristic(judged)]
     print(f"\n{summary(judged, predictions, seconds, plans)}")
     units = len(judged["neuroshard"].times)
-    print(f"compute: the slowest device's median over {units} units (pass x draw x round); below 1.000, NeuroShard's plan is the faster\n")
+    print(
+        f"compute: the slowest device's median over {units} units (pass x draw x round), each time divided by a fixed "
+        "reference's timed in the same round (the machine's drift); below 1.000, NeuroShard's plan is the faster\n"
+    )
     print(f"Per device, measured compute (bars) and NeuroShard's model's prediction:\n{bars(judged, predictions, shown)}")
     save_png(args.png, judged, predictions, shown, title)
     print(f"\nchart: {args.png}")

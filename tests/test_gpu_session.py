@@ -99,7 +99,7 @@ def test_a_set_of_plans_the_gpu_cannot_hold_together_is_timed_plan_by_plan(monke
 
     tried = []
 
-    def time_set(task, plans, device, draws, config, rotation, on, set_id):
+    def time_set(task, plans, device, draws, config, rotation, on, set_id, reference):
         tried.append(sorted(plans))
         if len(plans) > 1:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory")

@@ -9,7 +9,8 @@ import pytest
 
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, device_order, judge_plans, rank_correlation, ratio_interval, wins
+from benchmarks.scale_report import judged_task
+from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged, device_order, judge_plans, rank_correlation, ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
 
@@ -52,6 +53,40 @@ def test_every_device_of_every_plan_is_timed_in_each_pass_draw_and_round_and_res
         assert judged.times.shape == (config.units, task.num_devices)
     again = judge_plans(task, plans, draws, config, done=[(0, 0), (0, 1), (1, 1)])
     assert {(r["pass"], r["device"]) for r in again} == {(1, 0)}  # the devices measured before are skipped
+
+
+@pytest.mark.measure
+def test_a_reference_is_timed_in_every_round_beside_the_plans() -> None:
+    task = generate_task(synthetic_pool(seed=2), 8, 2, TINY, seed=4)
+    plans = {"size": baseline_plan("size", task), "dim": baseline_plan("dim", task)}
+    config = JudgeConfig(passes=1, draws=2, rounds=2, repeats=1, reference=True)
+    rows = judge_plans(task, plans, [task_lookups(task, draw=k) for k in range(config.draws)], config)
+    reference = [r for r in rows if r["planner"] == REFERENCE]
+    assert sorted((r["device"], r["draw"]) for r in reference) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(len(r["fused_ms"]) == config.rounds and min(r["fused_ms"]) > 0 and not any(r["replicas_ms"]) for r in reference)
+    assert len(rows) == task.num_devices * config.draws * (len(plans) + 1)
+    with pytest.raises(ValueError, match="resident sets"):
+        judge_plans(task, plans, [task_lookups(task, draw=k) for k in range(config.draws)], config, memory_bytes=1e9)
+
+
+def test_a_plan_steadied_by_the_reference_loses_the_machines_drift() -> None:
+    drift = np.random.default_rng(0).uniform(0.5, 2.0, (12, 3))  # [units, devices]: the machine's speed at each timing
+    plan, reference = Judged(drift * np.array([[9.0, 10.0, 11.0]])), Judged(drift * 4.0)
+    steadied = plan.steadied(reference)
+    assert steadied.times == pytest.approx(np.tile([9.0, 10.0, 11.0], (12, 1)) * float(np.median(drift)))
+    assert steadied.imbalance == pytest.approx(11.0 / 10.0)
+    with pytest.raises(ValueError, match="judge them in one run"):
+        plan.steadied(Judged(reference.times[:6]))
+
+
+def test_a_task_is_steadied_only_where_its_run_timed_a_reference() -> None:
+    key = {"pool_seed": 2, "devices": 2, "plans_sha": "x", "passes": 1, "draws": 1, "rounds": 2, "repeats": 1}
+    times = np.array([[[[3.0, 4.0], [6.0, 8.0]]]])  # [1, 1, 2, 2]: the second round twice as slow
+    assert list(judged_task([{**key, **r} for r in _rows(times)], 2, 2)["p"].per_device) == [4.5, 6.0]  # no reference: as timed
+    rows = [{**key, "reference": True, **r} for r in _rows(times) + _rows(times / 3.0, REFERENCE)]
+    assert list(judged_task(rows, 2, 2)) == ["p"]  # the reference is not a plan
+    assert list(judged_task(rows, 2, 2)["p"].per_device) == pytest.approx([5.0, 5.0])  # 3x the reference, its median 5/3
+    assert list(judged_task(rows, 2, 2, steady=False)["p"].per_device) == [4.5, 6.0]
 
 
 def _rows(times: np.ndarray, planner: str = "p") -> list[dict]:

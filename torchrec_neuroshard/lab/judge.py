@@ -12,6 +12,9 @@ whole-table gradient, and its SGD update). The protocol, for a noisy machine (is
   ids (other batches of the same tables, ``workloads.sample_lookups``) ``rounds`` rounds
   time every plan's device once each (one untimed step, then the median of ``repeats``
   timed ones), the plans' order rotated from round to round;
+- with ``reference`` on, one fixed piece of work (the first plan's device 0 on the first
+  draw) is timed in every round beside the plans: the machine's speed at that moment,
+  which ``Judged.steadied`` divides out of the plans' times;
 - a unit is one (pass, draw, round); a plan's time in a unit is its slowest device, and its
   compute the slowest device's median over units. Ratios come with a paired bootstrap
   interval over units, and the units each plan is fastest in are counted.
@@ -31,16 +34,20 @@ from torchrec_neuroshard.lab.training import spearman
 from torchrec_neuroshard.types import Plan, Task
 
 CPU = torch.device("cpu")
+REFERENCE = "_reference"
+"""The rows of the reference work (``JudgeConfig.reference``), beside the plans'."""
 
 
 @dataclass(frozen=True)
 class JudgeConfig:
-    """How many passes over the devices, draws of ids, rounds per draw and timed steps per round."""
+    """How many passes over the devices, draws of ids, rounds per draw and timed steps per
+    round, and whether a fixed reference is timed in every round (rows named ``REFERENCE``)."""
 
     passes: int = 2
     draws: int = 2
     rounds: int = 3
     repeats: int = 3
+    reference: bool = False
 
     def __post_init__(self) -> None:
         for name in ("passes", "draws", "rounds", "repeats"):
@@ -114,9 +121,11 @@ def time_device(
     rotation: int = 0,
     on: torch.device = CPU,
     memory_bytes: float | None = None,
+    reference: Sequence[Step] = (),
 ) -> list[dict]:
     """Every plan's work on ``device`` in ``config.rounds`` interleaved rounds per draw:
-    a row per (draw, plan) with the fused kernels' and the replicas' ms of each round.
+    a row per (draw, plan) with the fused kernels' and the replicas' ms of each round, and
+    one per draw of ``reference``'s steps (named ``REFERENCE``) timed among them when given.
     Plans are built together as ``resident_sets`` allows, interleaved within a set (the
     rows' ``set``); a set the GPU runs out of memory for is timed again plan by plan."""
     rows: list[dict] = []
@@ -124,7 +133,7 @@ def time_device(
     while sets:
         names = sets.pop(0)
         try:
-            rows += _time_set(task, {n: plans[n] for n in names}, device, draws, config, rotation, on, len(rows))
+            rows += _time_set(task, {n: plans[n] for n in names}, device, draws, config, rotation, on, len(rows), reference)
         except torch.cuda.OutOfMemoryError:
             if len(names) == 1:
                 raise
@@ -136,13 +145,21 @@ def time_device(
 
 
 def _time_set(
-    task: Task, plans: Mapping[str, Plan], device: int, draws: Sequence[Mapping[str, Lookups]], config: JudgeConfig, rotation: int, on: torch.device, set_id: int
+    task: Task,
+    plans: Mapping[str, Plan],
+    device: int,
+    draws: Sequence[Mapping[str, Lookups]],
+    config: JudgeConfig,
+    rotation: int,
+    on: torch.device,
+    set_id: int,
+    reference: Sequence[Step],
 ) -> list[dict]:
     """``time_device``'s rounds over one set of plans built together."""
     work = {name: DeviceWork(task, plan, device, on) for name, plan in plans.items()}
-    names, rows = list(work), []
+    names, rows = list(work) + ([REFERENCE] if reference else []), []
     for draw, lookups in enumerate(draws):
-        steps = {name: w.steps(lookups) for name, w in work.items()}
+        steps = {name: w.steps(lookups) for name, w in work.items()} | ({REFERENCE: (list(reference), [])} if reference else {})
         fused: dict[str, list[float]] = {n: [] for n in names}
         replicas: dict[str, list[float]] = {n: [] for n in names}
         for r in range(config.rounds):
@@ -152,6 +169,19 @@ def _time_set(
                 replicas[name].append(round(_time(steps[name][1], config.repeats, on), 4))
         rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n], "set": set_id} for n in names]
     return rows
+
+
+def _reference(task: Task, plans: Mapping[str, Plan], lookups: Mapping[str, Lookups], on: torch.device, memory_bytes: float | None) -> list[Step]:
+    """``JudgeConfig.reference``'s work: the first plan's fused kernels on device 0, on ``lookups``."""
+    first = next(iter(plans))
+    if REFERENCE in plans:
+        raise ValueError(f"JudgeConfig.reference: a plan is named {REFERENCE!r}, the reference's rows; rename the plan")
+    if memory_bytes is not None:
+        raise ValueError(f"JudgeConfig.reference with memory_bytes={memory_bytes}: plans timed in resident sets would each need their own reference; judge without it")
+    steps = DeviceWork(task, plans[first], 0, on).steps(lookups)[0]
+    if not steps:
+        raise ValueError(f"JudgeConfig.reference: the first plan ({first}) has no fused kernel on device 0 to time as the reference; put another plan first")
+    return steps
 
 
 def judge_plans(
@@ -172,12 +202,13 @@ def judge_plans(
     if len(draws) != config.draws:
         raise ValueError(f"{len(draws)} draws of ids given for a JudgeConfig of {config.draws}")
     skip, out = set(done), []
+    reference = _reference(task, plans, draws[0], on, memory_bytes) if config.reference else ()
     wanted = set(range(task.num_devices) if devices is None else devices)
     visits = [(p, d) for p in range(config.passes) for d in device_order(task.num_devices, p) if d in wanted]
     for k, (p, d) in enumerate(progress(visits)):
         if (p, d) in skip:
             continue
-        rows = [{**row, "pass": p} for row in time_device(task, plans, d, draws, config, k, on, memory_bytes)]
+        rows = [{**row, "pass": p} for row in time_device(task, plans, d, draws, config, k, on, memory_bytes, reference)]
         append(rows)
         out += rows
     return out
@@ -203,6 +234,13 @@ class Judged:
             return None
         return Judged(times.reshape(config.units, num_devices))
 
+    def steadied(self, reference: "Judged") -> "Judged":
+        """These times with the machine's speed in each (unit, device) divided out: scaled by
+        the reference work's median over its times there [units, devices]."""
+        if reference.times.shape != self.times.shape:
+            raise ValueError(f"reference timed over {reference.times.shape} (units, devices), the plan over {self.times.shape}: judge them in one run")
+        return Judged(self.times * np.median(reference.times) / reference.times)
+
     @property
     def per_device(self) -> np.ndarray:
         """Each device's median over units [devices]."""
@@ -221,6 +259,18 @@ class Judged:
     def unit_compute(self) -> np.ndarray:
         """The slowest device in each unit [units]."""
         return self.times.max(axis=1)
+
+
+def judgements(rows: Sequence[dict], num_devices: int, config: JudgeConfig, steady: bool = True) -> dict[str, Judged]:
+    """Per plan in ``rows`` (one run's), its measurement, where complete; with ``steady``
+    and the reference among the rows (``JudgeConfig.reference``), steadied by it."""
+    out = {}
+    for name in dict.fromkeys(r["planner"] for r in rows):
+        judged = Judged.of([r for r in rows if r["planner"] == name], num_devices, config)
+        if judged is not None:
+            out[name] = judged
+    reference = out.pop(REFERENCE, None)
+    return {n: j.steadied(reference) for n, j in out.items()} if steady and reference is not None else out
 
 
 def ratio_interval(a: Judged, b: Judged, samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
