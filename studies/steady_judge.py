@@ -1,0 +1,129 @@
+"""Does a reference timed in every round take this machine's drift out of the judge?
+Held-out pools, issue 43 (item 2: a judge that resolves plans on a noisy 2-core machine).
+
+    taskset -c 1 python -m studies.steady_judge measure --devices 8 16 --pool-seeds 2 3 4
+    python -m studies.steady_judge report
+
+The judge times a plan device by device, each device's block of rounds at its own moment,
+so a machine whose speed moves by the minute puts its drift on whole devices, and a plan's
+compute (its slowest device) on whichever device drew the slow minutes. ``measure``: the
+scale benchmark's stored plans of ``PLANNERS`` judged as ``benchmarks.scale`` judges them,
+with ``JudgeConfig.reference`` on (one fixed device's work timed in every round), rows
+appended to ``results/steady_judge_measured.jsonl.gz`` (resumable). ``report``: the same
+rows judged plain and steadied by the reference (``Judged.steadied``), side by side, with
+what says which is nearer the truth without knowing it: the two passes time the same
+kernels on the same ids at different moments, so their disagreement is the judge's own
+noise. ``results/steady_judge.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from benchmarks.scale import judge_task, task_draws
+from benchmarks.scale_report import MEASURED as SCALE_MEASURED
+from benchmarks.scale_report import PLANNED as SCALE_PLANNED
+from benchmarks.scale_report import judged_task, last_judged, model_lines, ok_rows, task_lines
+from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged
+from torchrec_neuroshard.types import Plan
+
+RESULTS = Path(__file__).parent / "results"
+MEASURED = RESULTS / "steady_judge_measured.jsonl.gz"
+REPORT = RESULTS / "steady_judge.md"
+PLANNERS = ("neuroshard", "torchrec_timeout", "lookup", "size_lookup")
+"""The scale benchmark's stored plans judged here; the first one's device 0 is the reference."""
+
+
+def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
+    plans = {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(SCALE_PLANNED), pool_seed, devices, PLANNERS).items()}
+    judge_task(devices, pool_seed, plans, config, task_draws(devices, pool_seed, config.draws), MEASURED)
+
+
+def pass_disagreement(judged: dict[str, Judged], passes: int) -> float:
+    """The judge's own noise: over every device of every plan, the spread (standard
+    deviation, %) of log(the device's median in the first pass / in the second)."""
+    logs = []
+    for j in judged.values():
+        halves = j.times.reshape(passes, -1, j.times.shape[1])  # [passes, units a pass, devices]
+        logs.append(np.log(np.median(halves[0], axis=0) / np.median(halves[1], axis=0)))
+    return float(np.std(np.concatenate(logs)) * 100)
+
+
+def block_spread(judged: dict[str, Judged], blocks: int) -> float:
+    """The spread (%) of a device's (pass, draw) blocks about its own median, over every
+    device of every plan: the drift and the draws' differences together."""
+    logs = []
+    for j in judged.values():
+        block = np.log(np.median(j.times.reshape(blocks, -1, j.times.shape[1]), axis=1))  # [blocks, devices]
+        logs.append((block - np.median(block, axis=0)).ravel())
+    return float(np.std(np.concatenate(logs)) * 100)
+
+
+def report() -> str:
+    measured = read_rows(MEASURED)
+    tasks = sorted({(r["pool_seed"], r["devices"]) for r in measured})
+    cpu = measured[-1]["cpu"] if measured else "-"
+    lines = [
+        f"# The judge steadied by a reference, on {cpu}", "",
+        "`python -m studies.steady_judge measure`, `report` (see the study's docstring): the scale benchmark's stored "
+        "plans, held-out pools, rows / 64, global batch 4,096, one thread. Each task is shown twice from the same rows: "
+        "plain (as `benchmarks.scale` reports) and steadied (every time divided by the reference's in the same round "
+        "and device, times the reference's median). Columns as in benchmarks/results/scale.md.", "",
+        "| task | judged | pass 1 against pass 2 (sd of the log, %) | blocks about their device (sd, %) |",
+        "|---|---|---|---|",
+    ]  # fmt: skip
+    tables, planned_all, by_kind = [], {}, {False: {}, True: {}}
+    for pool_seed, devices in tasks:
+        last = last_judged(measured, pool_seed, devices)
+        first = last[0]
+        if not any(r["planner"] == REFERENCE for r in last):
+            raise ValueError(f"pool {pool_seed}, D = {devices}: its last run timed no reference; measure it again with this study")
+        planned = planned_all[pool_seed, devices] = ok_rows(read_rows(SCALE_PLANNED), pool_seed, devices, PLANNERS)
+        for steady in (False, True):
+            judged = judged_task(measured, pool_seed, devices, steady=steady)
+            if not judged:
+                continue
+            by_kind[steady][pool_seed, devices] = judged
+            label = "steadied" if steady else "plain"
+            noise = f"{pass_disagreement(judged, first['passes']):.1f} | {block_spread(judged, first['passes'] * first['draws']):.1f}"
+            lines.append(f"| pool {pool_seed}, D = {devices} | {label} | {noise} |")
+            tables += [f"| pool {pool_seed}, {label} | | | | | | | | | |"] + task_lines(pool_seed, devices, planned, judged)
+    lines += [
+        "", "## The plans, plain and steadied", "",
+        "| D | planner | compute ms | slowest / mean device | / TorchRec | / best heuristic timed | units fastest "
+        "| predicted ms | planning s (load) | kinds |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ] + tables  # fmt: skip
+    for steady, judged in by_kind.items():
+        lines += ["", f"## The shipped cpu.pt against the devices, {'steadied' if steady else 'plain'}", ""] + model_lines(planned_all, judged)
+    REPORT.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("step", choices=["measure", "report"])
+    p.add_argument("--devices", type=int, nargs="+", default=[8, 16])
+    p.add_argument("--pool-seeds", type=int, nargs="+", default=[2, 3, 4])
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args(argv)
+    if args.step == "report":
+        print(report())
+        return
+    torch.set_num_threads(1)
+    logging.getLogger("torchrec_neuroshard").setLevel(logging.ERROR)
+    with threadpool_limits(limits=1):
+        for pool_seed in args.pool_seeds:
+            for devices in args.devices:
+                measure(devices, pool_seed, JudgeConfig(rounds=args.rounds, reference=True))
+
+
+if __name__ == "__main__":
+    main()
