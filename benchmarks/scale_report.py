@@ -62,8 +62,7 @@ def judged_task(rows: list[dict], pool_seed: int, devices: int, steady: bool = T
     last = last_judged(rows, pool_seed, devices)
     if not last:
         return {}
-    config = JudgeConfig(*(last[0][k] for k in ("passes", "draws", "rounds", "repeats")), last[0].get("reference", False))
-    return judgements(last, devices, config, steady)
+    return judgements(last, devices, JudgeConfig.of(last[0]), steady)
 
 
 def _interval(a: Judged, b: Judged | None) -> str:

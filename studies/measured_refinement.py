@@ -30,7 +30,7 @@ from benchmarks.scale import judge_task, planning_model, plans_sha, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import latest_plans, ok_rows
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judgements, ratio_interval, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.refine import MeasuredRefiner
 from torchrec_neuroshard.types import Plan
@@ -92,9 +92,8 @@ def report() -> str:
     ]  # fmt: skip
     for (pool_seed, devices, sha) in dict.fromkeys((r["pool_seed"], r["devices"], r["plans_sha"]) for r in rows):
         mine = [r for r in rows if r["plans_sha"] == sha]
-        config = JudgeConfig(mine[0]["passes"], mine[0]["draws"], mine[0]["rounds"], mine[0]["repeats"])
-        judged = {n: Judged.of([r for r in mine if r["planner"] == n], devices, config) for n in dict.fromkeys(r["planner"] for r in mine)}
-        judged = {n: j for n, j in judged.items() if j is not None}
+        config = JudgeConfig.of(mine[0])
+        judged = judgements(mine, devices, config)
         refined = _refined_row(pool_seed, devices, sha)
         won = wins(judged)
         lines += [
@@ -106,8 +105,7 @@ def report() -> str:
         ]  # fmt: skip
         for name, j in judged.items():
             cells = [_ratio(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
-            spread = j.per_device.max() / j.per_device.mean()
-            lines.append(f"| {name} | {j.compute_ms:.1f} | {spread:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
+            lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
         lines.append("")
     REPORT.write_text("\n".join(lines))
     return "\n".join(lines)

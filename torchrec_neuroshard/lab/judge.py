@@ -54,6 +54,11 @@ class JudgeConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"JudgeConfig.{name} is {getattr(self, name)}: give at least 1")
 
+    @staticmethod
+    def of(row: dict) -> "JudgeConfig":
+        """The configuration a judge's row was timed by (rows before ``reference``: without one)."""
+        return JudgeConfig(row["passes"], row["draws"], row["rounds"], row["repeats"], row.get("reference", False))
+
     @property
     def units(self) -> int:
         return self.passes * self.draws * self.rounds
