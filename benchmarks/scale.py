@@ -174,8 +174,12 @@ def keep(num_devices: int, pool_seed: int, planner: str, label: str) -> None:
 def measure(num_devices: int, pool_seed: int, planners: Sequence[str], config: JudgeConfig, draws: list) -> None:
     """The judge over the last plans of ``planners`` (those with one) on one task, rows
     appended to ``MEASURED`` (``judge_task``)."""
-    plans = {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(PLANNED), pool_seed, num_devices, planners).items()}
-    judge_task(num_devices, pool_seed, plans, config, draws, MEASURED)
+    judge_task(num_devices, pool_seed, stored_plans(num_devices, pool_seed, planners), config, draws, MEASURED)
+
+
+def stored_plans(num_devices: int, pool_seed: int, planners: Sequence[str]) -> dict[str, Plan]:
+    """The last plans of ``planners`` on one task, those that made one (``scale_report.ok_rows``)."""
+    return {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(PLANNED), pool_seed, num_devices, planners).items()}
 
 
 def task_draws(num_devices: int, pool_seed: int, draws: int) -> list:

@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks.scale import judge_task, planning_model, plans_sha, task_draws
+from benchmarks.scale import judge_task, planning_model, plans_sha, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import latest_plans, ok_rows
+from benchmarks.scale_report import latest_plans
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judgements, ratio_interval, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
@@ -61,9 +61,8 @@ def refine(devices: int, pool_seed: int, seconds: float) -> None:
 def _plans(devices: int, pool_seed: int, refined: dict | None = None) -> dict[str, Plan]:
     """The stored plans of ``PLANNERS`` and the refined plan of ``refined`` (a row of
     ``PLANNED``; None: the task's last)."""
-    plans = {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(SCALE_PLANNED), pool_seed, devices, PLANNERS).items()}
     refined = refined or _refined_rows(pool_seed, devices)[-1]
-    return {**plans, REFINED: Plan.from_dict(refined["plan"])}
+    return {**stored_plans(devices, pool_seed, PLANNERS), REFINED: Plan.from_dict(refined["plan"])}
 
 
 def _refined_rows(pool_seed: int, devices: int) -> list[dict]:

@@ -26,13 +26,11 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks.scale import judge_task, task_draws
-from benchmarks.scale_report import MEASURED as SCALE_MEASURED
+from benchmarks.scale import judge_task, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import judged_task, last_judged, model_lines, ok_rows, task_lines
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged
-from torchrec_neuroshard.types import Plan
 
 RESULTS = Path(__file__).parent / "results"
 MEASURED = RESULTS / "steady_judge_measured.jsonl.gz"
@@ -42,8 +40,7 @@ PLANNERS = ("neuroshard", "torchrec_timeout", "lookup", "size_lookup")
 
 
 def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
-    plans = {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(SCALE_PLANNED), pool_seed, devices, PLANNERS).items()}
-    judge_task(devices, pool_seed, plans, config, task_draws(devices, pool_seed, config.draws), MEASURED)
+    judge_task(devices, pool_seed, stored_plans(devices, pool_seed, PLANNERS), config, task_draws(devices, pool_seed, config.draws), MEASURED)
 
 
 def pass_disagreement(judged: dict[str, Judged], passes: int) -> float:
