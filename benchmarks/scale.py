@@ -198,11 +198,12 @@ def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config:
     already measured for these plans on this CPU by this configuration skipped (re-run to
     resume; re-planned, on another machine or otherwise judged, all are timed again)."""
     sha = plans_sha(plans)
-    key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe(), **dataclasses.asdict(config)}
-    done = {(r["pass"], r["device"]) for r in read_rows(out) if all(r.get(k) == v for k, v in key.items())}
+    key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe()}
+    done = {(r["pass"], r["device"]) for r in read_rows(out) if all(r.get(k) == v for k, v in key.items()) and JudgeConfig.of(r) == config}
+    config_row = dataclasses.asdict(config)
     judge_plans(
         scale_task(num_devices, pool_seed), plans, draws, config, done,
-        append=lambda measured: append_rows(out, [{**key, **r} for r in measured]),
+        append=lambda measured: append_rows(out, [{**key, **config_row, **r} for r in measured]),
         progress=lambda it: tqdm(it, desc=f"pool {pool_seed} D={num_devices} devices"),
     )  # fmt: skip
 
