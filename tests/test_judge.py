@@ -65,8 +65,14 @@ def test_a_reference_is_timed_in_every_round_beside_the_plans() -> None:
     assert sorted((r["device"], r["draw"]) for r in reference) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(len(r["fused_ms"]) == config.rounds and min(r["fused_ms"]) > 0 and not any(r["replicas_ms"]) for r in reference)
     assert len(rows) == task.num_devices * config.draws * (len(plans) + 1)
+    draws = [task_lookups(task, draw=k) for k in range(config.draws)]
     with pytest.raises(ValueError, match="resident sets"):
-        judge_plans(task, plans, [task_lookups(task, draw=k) for k in range(config.draws)], config, memory_bytes=1e9)
+        judge_plans(task, plans, draws, config, memory_bytes=1e9)
+    with pytest.raises(ValueError, match="a plan is named '_reference'"):
+        judge_plans(task, {"size": plans["size"], REFERENCE: plans["dim"]}, draws, config)
+    replicas_only = dataclasses.replace(plans["size"], placements=tuple(TablePlacement(t.name, kind=ShardingKind.DATA_PARALLEL) for t in task.tables))
+    with pytest.raises(ValueError, match=r"the first plan \(replicas\) has no fused kernel on device 0"):
+        judge_plans(task, {"replicas": replicas_only, **plans}, draws, config)
 
 
 def test_a_plan_steadied_by_the_reference_loses_the_machines_drift() -> None:
