@@ -24,19 +24,16 @@ resumable). ``report``: all of it, ``results/dim_cap.md``.
 
 from __future__ import annotations
 
-import argparse
-import logging
 import math
 from pathlib import Path
 
 import numpy as np
-import torch
-from threadpoolctl import threadpool_limits
 
 from benchmarks.scale import judge_task, planned_row, planning_model, task_draws
 from benchmarks.scale_report import MEASURED as SCALE_MEASURED
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import beside_stored, judged_task, latest_plans, task_lines
+from studies.task_steps import over_tasks, task_parser
 from studies.machine_model import MEASURED as MACHINE_MEASURED
 from studies.machine_model import PLANNED as MACHINE_PLANNED
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
@@ -148,23 +145,12 @@ def report() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["evidence", "plan", "measure", "report"])
-    p.add_argument("--devices", type=int, nargs="+", default=[8])
-    p.add_argument("--pool-seeds", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--rounds", type=int, default=2)
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    logging.getLogger("torchrec_neuroshard").setLevel(logging.ERROR)
-    with threadpool_limits(limits=1):
-        if args.step == "evidence":
-            print("\n".join(evidence_lines()))
-        elif args.step == "report":
-            print(report())
-        else:
-            for pool_seed in args.pool_seeds:
-                for devices in args.devices:
-                    plan(devices, pool_seed) if args.step == "plan" else measure(devices, pool_seed, JudgeConfig(rounds=args.rounds))
+    args = task_parser(__doc__, ["evidence", "plan", "measure", "report"], devices=[8], pool_seeds=[2, 4]).parse_args(argv)
+    if args.step in ("evidence", "report"):
+        print("\n".join(evidence_lines()) if args.step == "evidence" else report())
+        return
+    config = JudgeConfig(rounds=args.rounds)
+    over_tasks(args, plan if args.step == "plan" else lambda devices, pool_seed: measure(devices, pool_seed, config))
 
 
 if __name__ == "__main__":

@@ -20,16 +20,13 @@ tables for these tasks, every plan's per-device prediction by this machine's mod
 
 from __future__ import annotations
 
-import argparse
-import logging
 from pathlib import Path
 
-import torch
-from threadpoolctl import threadpool_limits
 
 from benchmarks.fullsize import plan_with
 from benchmarks.scale import judge_task, planned_row, planning_model, task_draws
 from benchmarks.scale_report import beside_stored, judged_task, model_lines, task_lines
+from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel.shipped import shipped_hardware
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
@@ -97,26 +94,15 @@ def report(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["plan", "measure", "report"])
-    p.add_argument("--devices", type=int, nargs="+", default=[8, 16])
-    p.add_argument("--pool-seeds", type=int, nargs="+", default=[2, 3, 4])
-    p.add_argument("--model", help="the model file or shipped name (default: the one this machine's planner loads)")
-    p.add_argument("--rounds", type=int, default=2)
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    logging.getLogger("torchrec_neuroshard").setLevel(logging.ERROR)
+    parser = task_parser(__doc__, ["plan", "measure", "report"], devices=[8, 16], pool_seeds=[2, 3, 4])
+    parser.add_argument("--model", help="the model file or shipped name (default: the one this machine's planner loads)")
+    args = parser.parse_args(argv)
     name = args.model or machine_model_name()
     if args.step == "report":
         print(report(name))
         return
-    with threadpool_limits(limits=1):
-        for pool_seed in args.pool_seeds:
-            for devices in args.devices:
-                if args.step == "plan":
-                    plan(devices, pool_seed, name)
-                else:
-                    measure(devices, pool_seed, JudgeConfig(rounds=args.rounds))
+    config = JudgeConfig(rounds=args.rounds)
+    over_tasks(args, lambda devices, pool_seed: plan(devices, pool_seed, name) if args.step == "plan" else measure(devices, pool_seed, config))
 
 
 if __name__ == "__main__":

@@ -25,18 +25,15 @@ with (``ranking_lines``).
 
 from __future__ import annotations
 
-import argparse
-import logging
 import statistics
 from pathlib import Path
 
 import numpy as np
-import torch
-from threadpoolctl import threadpool_limits
 
 from benchmarks.scale import judge_task, planning_model, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import judged_task, last_judged, model_lines, ok_rows, task_lines
+from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
@@ -187,21 +184,12 @@ def report() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["measure", "report"])
-    p.add_argument("--devices", type=int, nargs="+", default=[8, 16])
-    p.add_argument("--pool-seeds", type=int, nargs="+", default=[2, 3, 4])
-    p.add_argument("--rounds", type=int, default=2)
-    args = p.parse_args(argv)
+    args = task_parser(__doc__, ["measure", "report"], devices=[8, 16], pool_seeds=[2, 3, 4]).parse_args(argv)
     if args.step == "report":
         print(report())
         return
-    torch.set_num_threads(1)
-    logging.getLogger("torchrec_neuroshard").setLevel(logging.ERROR)
-    with threadpool_limits(limits=1):
-        for pool_seed in args.pool_seeds:
-            for devices in args.devices:
-                measure(devices, pool_seed, JudgeConfig(rounds=args.rounds, reference=True))
+    config = JudgeConfig(rounds=args.rounds, reference=True)
+    over_tasks(args, lambda devices, pool_seed: measure(devices, pool_seed, config))
 
 
 if __name__ == "__main__":
