@@ -1,0 +1,28 @@
+"""The ensemble study's cost model prices as the search needs: additive embeddings, a
+device at the geometric mean of its two models (the second brought to the first's level)."""
+
+import numpy as np
+
+from benchmarks.scale import scale_task
+from studies.ensemble import EnsembleCostModel
+from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.types import Shard
+
+
+def _devices() -> list[list[Shard]]:
+    pool = scale_task(8, 0).tables[:30]  # the training pool's
+    return [[Shard(t, t.dim) for t in pool[i : i + 10]] for i in range(0, 30, 10)]
+
+
+def test_an_ensemble_of_one_model_with_itself_prices_as_that_model_times_the_root_of_its_level() -> None:
+    model = load_pretrained("cpu").with_batch_size(4096)
+    alone = np.asarray(model.compute_cost(_devices()))  # [3, 2]
+    assert np.allclose(EnsembleCostModel(model, model, 1.0).compute_cost(_devices()), alone, rtol=1e-5)
+    assert np.allclose(EnsembleCostModel(model, model, 4.0).compute_cost(_devices()), 2 * alone, rtol=1e-5)
+
+
+def test_an_ensemble_prices_the_geometric_mean_of_two_models() -> None:
+    first, second = load_pretrained("cpu").with_batch_size(4096), load_pretrained("intel_xeon").with_batch_size(4096)
+    a, b = np.asarray(first.compute_cost(_devices())), np.asarray(second.compute_cost(_devices()))
+    both = EnsembleCostModel(first, second, 0.5).for_tables([s.table for d in _devices() for s in d])
+    assert np.allclose(both.compute_cost(_devices()), np.sqrt(a * b * 0.5), rtol=1e-5)
