@@ -72,7 +72,8 @@ def _interval(a: Judged, b: Judged | None) -> str:
     return f"{ratio:.3f} ({low:.3f}-{high:.3f})"
 
 
-def _best_heuristic(judged: Mapping[str, Judged]) -> str | None:
+def best_heuristic(judged: Mapping[str, Judged]) -> str | None:
+    """The heuristic (``heuristics.BASELINES``) whose plan measured fastest; None without one."""
     return min((n for n in judged if n in BASELINES), key=lambda n: judged[n].compute_ms, default=None)
 
 
@@ -81,7 +82,7 @@ def task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: d
     measurement in the task's judged set (``judged``; "not timed" without), the ratios to
     TorchRec's and the best heuristic's, its units won, predicted ms, planning s, kinds."""
     lines = []
-    best = _best_heuristic(judged)
+    best = best_heuristic(judged)
     won = wins(judged) if judged else {}
     units = next(iter(judged.values())).times.shape[0] if judged else 0
     for name, p in planned.items():

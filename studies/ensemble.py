@@ -35,8 +35,9 @@ from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig, ratio_interval
+from torchrec_neuroshard.lab.refine import device_compute
 from torchrec_neuroshard.lab.workloads import TRAINING_POOL_SEEDS
-from torchrec_neuroshard.search import predicted_breakdown, search
+from torchrec_neuroshard.search import search
 from torchrec_neuroshard.types import CostModel, Plan, Shard, TableSpec
 
 RESULTS = Path(__file__).parent / "results"
@@ -131,7 +132,7 @@ def priced_imbalance(devices: int, pool_seed: int) -> list[float]:
     out = []
     for path in (None, str(SECOND)):
         task, model = planning_model(devices, pool_seed, path)
-        compute = np.asarray([d.fwd_compute + d.bwd_compute for d in predicted_breakdown(model, task, plan)[1]])  # [D]
+        compute = device_compute(model, task, plan)  # [D]
         out.append(float(compute.max() / compute.mean()))
     return out
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from benchmarks.fullsize import plan_with
 from benchmarks.scale import judge_task, planned_row, planning_model, task_draws
 from benchmarks.scale_report import beside_stored, judged_task, model_lines, task_lines

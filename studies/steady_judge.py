@@ -32,13 +32,12 @@ import numpy as np
 
 from benchmarks.scale import judge_task, planning_model, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import judged_task, last_judged, model_lines, ok_rows, task_lines
+from benchmarks.scale_report import best_heuristic, judged_task, last_judged, model_lines, ok_rows, task_lines
 from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR
-from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged, rank_correlation
-from torchrec_neuroshard.search import predicted_breakdown
+from torchrec_neuroshard.lab.refine import device_compute
 from torchrec_neuroshard.types import Plan
 
 RESULTS = Path(__file__).parent / "results"
@@ -96,7 +95,7 @@ def room_lines(by_task: dict[tuple[int, int], dict[str, Judged]], passes: dict[t
         least = min(means, key=means.get)
         sigma = pass_disagreement(judged, passes[pool_seed, devices]) / 100 / 2
         balanced = means[least] * float(np.exp(expected_max(devices) * sigma))
-        best = min((n for n in judged if n in BASELINES), key=lambda n: judged[n].compute_ms)
+        best = best_heuristic(judged)
         ours = judged["neuroshard"]
         lines.append(
             f"| pool {pool_seed}, D = {devices} | {means[least]:.1f} ({least}) | {max(means.values()) / means[least]:.3f} | {balanced:.1f} "
@@ -115,8 +114,8 @@ def ranking_lines(by_task: dict[tuple[int, int], dict[str, Judged]], planned_all
         for label, path in MODELS.items():
             task, model = planning_model(devices, pool_seed, path)
             for name, measured in judged.items():
-                _, priced = predicted_breakdown(model, task, Plan.from_dict(planned_all[pool_seed, devices][name]["plan"]))
-                rho = rank_correlation([d.fwd_compute + d.bwd_compute for d in priced], measured.per_device)
+                predicted = device_compute(model, task, Plan.from_dict(planned_all[pool_seed, devices][name]["plan"]))  # [D]
+                rho = rank_correlation(predicted, measured.per_device)
                 for ours in {name == "neuroshard", False}:
                     ranks.setdefault((devices, label, ours), []).append(rho)
     lines = ["| D | model | NeuroShard's plans | every plan |", "|---|---|---|---|"]
