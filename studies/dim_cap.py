@@ -38,7 +38,8 @@ from studies.machine_model import MEASURED as MACHINE_MEASURED
 from studies.machine_model import PLANNED as MACHINE_PLANNED
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
-from torchrec_neuroshard.search import SearchConfig, predicted_breakdown, search
+from torchrec_neuroshard.lab.refine import device_compute
+from torchrec_neuroshard.search import SearchConfig, search
 from torchrec_neuroshard.types import CostModel, Plan, Task
 
 RESULTS = Path(__file__).parent / "results"
@@ -59,13 +60,12 @@ benchmark's rows name no CPU: its report does)."""
 def device_features(task: Task, model: CostModel, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per device [D]: ``model``'s predicted compute ms, the dim sum and the lookup columns
     (width x pooling factor, summed) of its shards."""
-    _, priced = predicted_breakdown(model, task, plan)
     pooling = {t.name: t.pooling_factor for t in task.tables}
     lookups = np.zeros(task.num_devices)
     for p in plan.placements:
         for width, device in zip(p.widths, p.devices):
             lookups[device] += width * pooling[p.table]
-    return np.asarray([d.fwd_compute + d.bwd_compute for d in priced]), np.asarray(plan.device_dims(), dtype=float), lookups
+    return device_compute(model, task, plan), np.asarray(plan.device_dims(), dtype=float), lookups
 
 
 def evidence_lines() -> list[str]:
