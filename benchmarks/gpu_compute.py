@@ -69,7 +69,7 @@ def prepare(path: Path = PLANS, scale: object = None, sizes: tuple[tuple[int, in
                     continue
                 _, per_device = predicted_breakdown(model, task, plan)
                 entry["plans"][name] = plan.to_dict()
-                entry["predicted_compute_ms"][name] = [d.fwd_compute + d.bwd_compute for d in per_device]
+                entry["predicted_compute_ms"][name] = [d.compute for d in per_device]
             out.append(entry)
             print(f"T={tables} D={devices} seed {seed}: planned {sorted(entry['plans'])}, failed {sorted(entry['errors'])}")
     with gzip.open(path, "wt") as f:

@@ -114,7 +114,7 @@ def price_with_shipped(pool_seed: int, num_devices: int, rows: dict[str, dict]) 
     task, model = planning_model(num_devices, pool_seed)
     for name in stale:
         _, devices = predicted_breakdown(model, task, Plan.from_dict(rows[name]["plan"]))
-        rows[name] = {**rows[name], "model_sha256": sha, "predicted_ms": [round(d.fwd_compute + d.bwd_compute, 4) for d in devices]}
+        rows[name] = {**rows[name], "model_sha256": sha, "predicted_ms": [round(d.compute, 4) for d in devices]}
 
 
 def planned_row(row: dict, plan_one: Callable[[], tuple[Plan, dict]], priced: Callable[[Plan], tuple[Task, object]]) -> dict:
@@ -131,7 +131,7 @@ def planned_row(row: dict, plan_one: Callable[[], tuple[Plan, dict]], priced: Ca
         _, devices = predicted_breakdown(model, task, plan)
         row.update(
             status="ok", note=about["note"], kinds=dict(Counter(p.kind.value for p in plan.placements)),
-            predicted_ms=[round(d.fwd_compute + d.bwd_compute, 4) for d in devices], plan=plan.to_dict(),
+            predicted_ms=[round(d.compute, 4) for d in devices], plan=plan.to_dict(),
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - a planner failing is a result
         row.setdefault("planning_s", round(time.perf_counter() - t0, 2))

@@ -107,7 +107,7 @@ def predicted_ms(task: Task, plan: Plan) -> list[float]:
 
     model = UvmPricedModel(cost_model_for(topology_for(task)), UvmPricing.shipped(), task.batch_size)
     _, per_device = predicted_breakdown(model, task, plan)
-    return [d.fwd_compute + d.bwd_compute for d in per_device]
+    return [d.compute for d in per_device]
 
 
 def stored_predictions() -> tuple[list[dict], dict[tuple[int, str], list[float]]]:

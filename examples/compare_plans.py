@@ -101,7 +101,7 @@ def predicted(task: Task, plans: dict[str, Plan], model) -> dict[str, np.ndarray
     out = {}
     for name, plan in plans.items():
         _, devices = predicted_breakdown(model, task, plan)
-        out[name] = np.array([d.fwd_compute + d.bwd_compute for d in devices])
+        out[name] = np.array([d.compute for d in devices])
     return out
 
 

@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> None:
             steps = per_rank[rank][name]["steps"]  # per step: (step, emb fwd, emb bwd, cpu) ms
             step, fwd, bwd = (statistics.median(s[k] for s in steps) for k in range(3))
             d = predicted.devices[rank]
-            cal = f" {recalibrated[rank].fwd_compute + recalibrated[rank].bwd_compute:.1f} |" if recalibrated else ""
+            cal = f" {recalibrated[rank].compute:.1f} |" if recalibrated else ""
             print(
-                f"| {name} | {rank} | {step:.0f} | {fwd:.0f} | {bwd:.0f} | {d.fwd_compute + d.bwd_compute:.1f} | "
-                f"{apart[rank].fwd_compute + apart[rank].bwd_compute:.1f} | {d.fwd_comm + d.bwd_comm:.1f} |{cal}"
+                f"| {name} | {rank} | {step:.0f} | {fwd:.0f} | {bwd:.0f} | {d.compute:.1f} | "
+                f"{apart[rank].compute:.1f} | {d.fwd_comm + d.bwd_comm:.1f} |{cal}"
             )
 
 

@@ -124,7 +124,7 @@ def model_ratios(rows: list[dict], steps: list[dict], model: NeuralCostModel) ->
     by_task: dict[str, list[float]] = {}
     for r in rows:
         device = predicted_devices[r["task"], r["planner"]][r["device"]]
-        alone, predicted = r["alone_fwd_ms"] + r["alone_bwd_ms"], device.fwd_compute + device.bwd_compute
+        alone, predicted = r["alone_fwd_ms"] + r["alone_bwd_ms"], device.compute
         by_task.setdefault(r["task"], []).append(alone / predicted)
         lines.append(f"| {r['task']} | {r['planner']} | {r['device']} | {alone:.1f} | {predicted:.1f} | {alone / predicted:.2f} |")
     lines += ["", *(f"{t}: alone / predicted {min(v):.2f}-{max(v):.2f} over its {len(v)} devices" for t, v in by_task.items())]

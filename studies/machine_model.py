@@ -72,7 +72,7 @@ def report(name: str) -> str:
         rows = _planned(devices, pool_seed)
         for n, row in rows.items():  # every plan priced per device by this machine's model
             _, priced = predicted_breakdown(model, task, Plan.from_dict(row["plan"]))
-            rows[n] = {**row, "model": f"{name}.pt", "predicted_ms": [d.fwd_compute + d.bwd_compute for d in priced]}
+            rows[n] = {**row, "model": f"{name}.pt", "predicted_ms": [d.compute for d in priced]}
         planned[pool_seed, devices], judged[pool_seed, devices] = rows, judged_task(measured, pool_seed, devices)
     cpu = measured[0]["cpu"] if measured else "-"
     lines = [

@@ -61,7 +61,7 @@ def plans_of(devices: int) -> tuple[object, dict, dict]:
         assert not any(p.kind is ShardingKind.DATA_PARALLEL for p in plan.placements), "replicas are not timed here"
         _, per_device = predicted_breakdown(model, task, plan)
         plans[name] = plan
-        about[name] = (seconds, max(d.fwd_compute + d.bwd_compute for d in per_device))
+        about[name] = (seconds, max(d.compute for d in per_device))
     return task, plans, about
 
 

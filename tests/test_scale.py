@@ -99,7 +99,7 @@ def test_the_report_prices_every_plan_by_the_shipped_model_but_another_models_ow
     before = {n: dict(r) for n, r in rows.items()}
     price_with_shipped(POOL_SEEDS[0], 8, rows)
     _, devices = predicted_breakdown(model, task, Plan.from_dict(plan))
-    assert rows["lookup"]["predicted_ms"] == [round(d.fwd_compute + d.bwd_compute, 4) for d in devices]
+    assert rows["lookup"]["predicted_ms"] == [round(d.compute, 4) for d in devices]
     assert rows["lookup"]["model_sha256"] == shipped and min(rows["lookup"]["predicted_ms"]) > 0
     assert all(rows[n] == before[n] for n in ("neuroshard_other", "neuroshard", "torchrec_dp"))
 

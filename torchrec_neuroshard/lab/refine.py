@@ -156,7 +156,7 @@ def device_compute(model: CostModel, task: Task, plan: Plan) -> np.ndarray:
     (one per kind, as the judge times them) and its row blocks' and replicas' as
     ``predict_step`` prices them."""
     step = predict_step(model, task, plan)
-    return np.asarray([d.fwd_compute + d.bwd_compute for d in step.devices])
+    return np.asarray([d.compute for d in step.devices])
 
 
 def _groups(task: Task, plan: Plan, device: int) -> dict[ShardingKind, list[Shard]]:

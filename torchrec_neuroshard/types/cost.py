@@ -24,8 +24,13 @@ class DeviceCost:
     bwd_comm: float
 
     @property
+    def compute(self) -> float:
+        """Forward and backward kernel ms."""
+        return self.fwd_compute + self.bwd_compute
+
+    @property
     def total(self) -> float:
-        return self.fwd_compute + self.bwd_compute + self.fwd_comm + self.bwd_comm
+        return self.compute + self.fwd_comm + self.bwd_comm
 
 
 class CostModel(abc.ABC):
