@@ -10,7 +10,7 @@ import pytest
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from benchmarks.scale_report import judged_task
-from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged, device_order, judge_plans, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged, device_order, judge_plans, rank_correlation, ratio_interval, runs_ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
 
@@ -126,6 +126,19 @@ def test_ratios_come_with_a_paired_interval_and_units_are_won_by_the_least_slowe
     assert wins({"a": a, "b": b}) == {"a": 40, "b": 0}
     with pytest.raises(ValueError, match="judge them in one run"):
         ratio_interval(a, Judged(b.times[:10]))
+
+
+def test_runs_pool_as_the_geometric_mean_of_their_ratios_and_narrow_the_interval() -> None:
+    rng = np.random.default_rng(1)
+    runs = []
+    for ratio in (0.8, 0.9, 1.0):  # each run: a's slowest device over b's
+        b = Judged(rng.uniform(0.7, 1.3, (8, 1)) * np.array([[10.0, 9.0]]))  # [units, devices]
+        runs.append((Judged(b.times * ratio * rng.uniform(0.85, 1.15, b.times.shape)), b))
+    point, low, high = runs_ratio_interval(runs)
+    assert point == pytest.approx(float(np.exp(np.mean([np.log(a.compute_ms / b.compute_ms) for a, b in runs]))))
+    assert low < point < high
+    assert high - low < min(h - lo for _, lo, h in (ratio_interval(a, b) for a, b in runs))
+    assert runs_ratio_interval(runs[:1]) == pytest.approx(ratio_interval(*runs[0]))  # one run: the run's own
 
 
 def test_the_rank_correlation_of_devices_is_spearmans() -> None:

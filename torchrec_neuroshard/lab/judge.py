@@ -281,13 +281,28 @@ def judgements(rows: Sequence[dict], num_devices: int, config: JudgeConfig, stea
 def ratio_interval(a: Judged, b: Judged, samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
     """``a``'s compute / ``b``'s, and its paired bootstrap interval over units (the same
     resampled units for both: they were timed side by side)."""
+    ratios = _resampled_ratios(a, b, np.random.default_rng(seed), samples)  # [samples]
+    tail = (1 - level) / 2
+    return a.compute_ms / b.compute_ms, float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+def runs_ratio_interval(pairs: Sequence[tuple[Judged, Judged]], samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
+    """The geometric mean over runs of a's compute / b's (each pair timed side by side in
+    one run), and its bootstrap interval: every run's units resampled on their own."""
+    rng = np.random.default_rng(seed)
+    logs = np.mean([np.log(_resampled_ratios(a, b, rng, samples)) for a, b in pairs], axis=0)  # [samples]
+    tail = (1 - level) / 2
+    point = float(np.exp(np.mean([np.log(a.compute_ms / b.compute_ms) for a, b in pairs])))
+    return point, float(np.exp(np.quantile(logs, tail))), float(np.exp(np.quantile(logs, 1 - tail)))
+
+
+def _resampled_ratios(a: Judged, b: Judged, rng: np.random.Generator, samples: int) -> np.ndarray:
+    """[samples] a's compute / b's over the same resampled units (they were timed side by side)."""
     units = a.times.shape[0]
     if b.times.shape[0] != units:
         raise ValueError(f"plans measured over {units} and {b.times.shape[0]} units: judge them in one run")
-    pick = np.random.default_rng(seed).integers(0, units, (samples, units))  # [samples, units]
-    ratios = np.median(a.times[pick], axis=1).max(axis=1) / np.median(b.times[pick], axis=1).max(axis=1)  # [samples]
-    tail = (1 - level) / 2
-    return a.compute_ms / b.compute_ms, float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+    pick = rng.integers(0, units, (samples, units))  # [samples, units]
+    return np.median(a.times[pick], axis=1).max(axis=1) / np.median(b.times[pick], axis=1).max(axis=1)
 
 
 def wins(judged: Mapping[str, Judged]) -> dict[str, int]:
