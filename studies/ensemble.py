@@ -296,17 +296,22 @@ def _rankers() -> dict[str, Callable[[int, int], tuple]]:
 
 def rank(devices: int, pool_seed: int) -> None:
     """How each model (``_rankers``) ranks the devices of the plans ``studies.steady_judge``
-    measured (steadied): rows in ``RANKED``, one a model and plan."""
+    measured (steadied): rows in ``RANKED``, one a model and plan; a model already ranked
+    on the task is skipped."""
     judged = judged_task(read_rows(steady_judge.MEASURED), pool_seed, devices)
     planned = ok_rows(read_rows(SCALE_PLANNED), pool_seed, devices, steady_judge.PLANNERS)
+    done = {r["model"] for r in read_rows(RANKED) if (r["pool_seed"], r["devices"]) == (pool_seed, devices)}
     rows = []
     for label, priced in _rankers().items():
+        if label in done:
+            continue
         task, model = priced(devices, pool_seed)
         for name, measured in judged.items():
             predicted = device_compute(model, task, Plan.from_dict(planned[name]["plan"]))  # [D]
             rho = rank_correlation(predicted, measured.per_device)
             rows.append({"pool_seed": pool_seed, "devices": devices, "model": label, "planner": name, "rho": rho})
-    append_rows(RANKED, rows)
+    if rows:
+        append_rows(RANKED, rows)
 
 
 def ranking_lines() -> list[str]:
