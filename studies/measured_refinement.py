@@ -3,6 +3,8 @@ plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
 
     taskset -c 1 python -m studies.measured_refinement refine --devices 8 --pool-seed 2 --seconds 240
     taskset -c 1 python -m studies.measured_refinement measure --devices 8 --pool-seed 2
+    taskset -c 1 python -m studies.measured_refinement refine --devices 16 --pool-seed 4
+    taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference
     python -m studies.measured_refinement report
 
 ``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
@@ -52,7 +54,7 @@ def refine(devices: int, pool_seed: int, seconds: float) -> None:
     moved = sorted(p.table for p, q in zip(base.placements, plan.placements) if p != q)
     row = {
         "pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "draws": refiner.draws,
-        "rounds": refiner.rounds, "moved": moved, "plan": plan.to_dict(),
+        "rounds": refiner.rounds, "steady": refiner.steady, "moved": moved, "plan": plan.to_dict(),
     }  # fmt: skip
     append_rows(PLANNED, [row])
     print(json.dumps({k: v for k, v in row.items() if k != "plan"}))
@@ -96,9 +98,10 @@ def report() -> str:
         refined = _refined_row(pool_seed, devices, sha)
         won = wins(judged)
         lines += [
-            f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units)", "",
+            f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units{', steadied by a reference' if config.reference else ''})", "",
             f"Refined for {refined['seconds']:g} s, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
-            f"{refined.get('rounds', 3)} rounds each; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
+            f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
+            f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
             "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
             "|---|---|---|---|---|---|",
         ]  # fmt: skip
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--pool-seed", type=int, default=2)
     p.add_argument("--seconds", type=float, default=240.0)
+    p.add_argument("--rounds", type=int, default=3, help="measure: the judge's rounds a pass and draw")
+    p.add_argument("--reference", action="store_true", help="measure: time the judge's reference in every round (steadied)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("torchrec_neuroshard").setLevel(logging.INFO)
@@ -131,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.step == "refine":
             refine(args.devices, args.pool_seed, args.seconds)
         elif args.step == "measure":
-            measure(args.devices, args.pool_seed, JudgeConfig())
+            measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference))
     if args.step == "report":
         print(report())
 

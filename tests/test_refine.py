@@ -3,16 +3,20 @@ the measurement says it pays, logs predicted against measured per device, runs i
 planner's budget, and says so where it cannot time the plan's kernels."""
 
 import logging
+import re
 import time
 from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import Topology
 
 from torchrec_neuroshard import NeuroShardPlanner
 from torchrec_neuroshard.costmodel import load_pretrained
+from torchrec_neuroshard.lab import refine
+from torchrec_neuroshard.lab.judge import REFERENCE
 from torchrec_neuroshard.lab.refine import MeasuredRefiner, best_move, device_compute
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import search
@@ -97,6 +101,48 @@ def test_planner_refines_with_real_kernels_within_its_budget(caplog) -> None:
     assert time.perf_counter() - start < 60 + 10  # the budget bounds refinement (a move's timing may end past it)
     assert "measured refinement, before" in caplog.text and "measured refinement, after" in caplog.text
     planner.plan_.validate(planner.task_)
+
+
+def test_a_kept_move_is_never_undone(caplog) -> None:
+    """On a machine where every move pays yet leaves its target the slowest device, the
+    refiner never moves a table back where a kept move took it from (the way back is the
+    plan the move beat)."""
+    task, model = small_task(2), load_pretrained("cpu")
+    plan = search(task, model).plan
+    calls = iter(range(10_000))
+
+    def target_ends_slowest(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
+        if "plan" in plans:
+            return {"plan": (50.0 + 10 * device,) * 2}
+        new = 10.0 if next(calls) % 2 == 0 else 90.0  # a move is timed on its source device, then its target
+        return {"old": (100.0, 100.0), "new": (new, new)}
+
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+        MeasuredRefiner(seconds=5).refine_with(task, model, plan, target_ends_slowest)
+    kept = re.findall(r"table (\S+) from device (\d+) to (\d+): .*; kept", caplog.text)
+    assert len(kept) >= 2 and not any((t, b, a) in kept[i + 1 :] for i, (t, a, b) in enumerate(kept))
+
+
+def test_a_machine_slowing_between_two_timings_reads_the_same_when_steadied(monkeypatch) -> None:
+    """The refiner's judge timer divides each round by the reference's in the same round:
+    a machine running at half speed for the second device's timing does not make it slow."""
+    task, model = small_task(2), load_pretrained("cpu")
+    plan = search(task, model).plan
+    speed = iter([1.0, 2.0, 1.0, 2.0])  # the machine's ms factor at each call
+
+    def drifting(task, plans, device, draws, config, on, reference):
+        factor, rounds = next(speed), config.rounds
+        timed = {**({REFERENCE: (10.0, 0.0)} if reference else {}), **{n: (5.0, 1.0) for n in plans}}  # (fused, replicas) ms
+        return [
+            {"draw": k, "planner": n, "fused_ms": [fused * factor] * rounds, "replicas_ms": [replicas * factor] * rounds}
+            for k in range(len(draws)) for n, (fused, replicas) in timed.items()
+        ]  # fmt: skip
+
+    monkeypatch.setattr(refine, "time_device", drifting)
+    steady = MeasuredRefiner(rounds=2)._judge_timer(task, plan, torch.device("cpu"))
+    assert steady(task, {"plan": plan}, 0) == steady(task, {"plan": plan}, 1) == {"plan": (6.0, 6.0)}
+    plain = MeasuredRefiner(rounds=2, steady=False)._judge_timer(task, plan, torch.device("cpu"))
+    assert plain(task, {"plan": plan}, 0) == {"plan": (6.0, 6.0)} and plain(task, {"plan": plan}, 1) == {"plan": (12.0, 12.0)}
 
 
 def test_refiner_says_so_where_it_cannot_time_the_kernels(caplog) -> None:

@@ -6,7 +6,11 @@ while the measurement says the move pays.
 
 1. Every device of the plan is timed as the judge times it (``judge.time_device``: its
    fused kernels and replicas, one untimed step, the median of ``repeats``, ``rounds``
-   rounds); the planner's log gets each device's predicted and measured ms.
+   rounds); the planner's log gets each device's predicted and measured ms. With
+   ``steady`` (the default) a fixed piece of work (the first device's fused kernels of the
+   plan as given, on the first draw) is timed in every round too, and each time is divided
+   by it (times its first median), as the judge's reference steadies a run: devices timed
+   minutes apart are then compared at one machine speed, not at the speed of their minute.
 2. Each device's measured / predicted ratio corrects the model for that device. Of the
    moves of one table-wise or column shard from the slowest measured device to one of the
    ``targets`` least-measured ones, the one whose corrected prediction leaves the two
@@ -14,7 +18,8 @@ while the measurement says the move pays.
    interleaved, round by round, on each of ``draws`` draws of ids; it is kept when on every
    draw the slower of the two new devices beats the old slowest by ``margin`` (one draw's
    ids move a device's time by up to 20%, more than the margin). A move not kept is not
-   tried again. Either way the two devices keep their newer measurement.
+   tried again, nor is a kept one undone. Either way the two devices keep their newer
+   measurement.
 3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
@@ -34,7 +39,7 @@ import numpy as np
 import torch
 
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import JudgeConfig, rank_correlation, time_device
+from torchrec_neuroshard.lab.judge import REFERENCE, DeviceWork, JudgeConfig, rank_correlation, time_device
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingError, ShardingKind, Task
 
@@ -55,6 +60,7 @@ class MeasuredRefiner:
         targets: the least-measured devices a move may go to.
         margin: the share by which a move's slower device must beat the old slowest.
         seed: the seed of the draws of ids.
+        steady: every time steadied by a reference timed in the same rounds (see above).
     """
 
     seconds: float = 60.0
@@ -64,6 +70,7 @@ class MeasuredRefiner:
     targets: int = 2
     margin: float = 0.03
     seed: int = 0
+    steady: bool = True
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -85,7 +92,7 @@ class MeasuredRefiner:
             )  # fmt: skip
             return plan
         stop = _stop(self.seconds, deadline)  # (the draw of ids counts too)
-        return self.refine_with(task, model, plan, self._judge_timer(task, on), stop)
+        return self.refine_with(task, model, plan, self._judge_timer(task, plan, on), stop)
 
     def refine_with(self, task: Task, model: CostModel, plan: Plan, timer: Timer, deadline: float | None = None) -> Plan:
         """``refine`` with the devices timed by ``timer``."""
@@ -115,24 +122,41 @@ class MeasuredRefiner:
             if pays:
                 plan, kept = candidate, kept + 1
                 predicted = device_compute(model, task, plan)
+                tried.add((table, fast, slow))  # a kept move is not undone: the way back was the plan it beat
             measured[slow], measured[fast] = (t["new" if pays else "old"].mean() for t in times)  # the newer measurement
         _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
         return plan
 
-    def _judge_timer(self, task: Task, on: torch.device) -> Timer:
+    def _judge_timer(self, task: Task, plan: Plan, on: torch.device) -> Timer:
         draws = [task_lookups(task, seed=self.seed, draw=k) for k in range(self.draws)]
         config = JudgeConfig(passes=1, draws=self.draws, rounds=self.rounds, repeats=self.repeats)
+        reference = _reference(task, plan, draws[0], on) if self.steady else ()
+        level: list[float] = []  # the reference's first median: every time is steadied to it
 
         def timer(task: Task, plans: Mapping[str, Plan], device: int) -> dict[str, tuple[float, ...]]:
+            rows = time_device(task, plans, device, draws, config, on=on, reference=reference)  # a row per (draw, plan)
+            steadier = {r["draw"]: np.asarray(r["fused_ms"]) for r in rows if r["planner"] == REFERENCE}  # [rounds] by draw
+            if steadier and not level:
+                level.append(float(np.median(np.concatenate(list(steadier.values())))))
             ms = {name: [float("nan")] * len(draws) for name in plans}
-            for r in time_device(task, plans, device, draws, config, on=on):  # a row per (draw, plan)
-                ms[r["planner"]][r["draw"]] = statistics.median(np.add(r["fused_ms"], r["replicas_ms"]).tolist())
+            for r in (r for r in rows if r["planner"] != REFERENCE):
+                rounds = np.add(r["fused_ms"], r["replicas_ms"])  # [rounds]
+                ms[r["planner"]][r["draw"]] = float(np.median(rounds / steadier[r["draw"]] * level[0] if steadier else rounds))
             missing = sorted(name for name, v in ms.items() if np.isnan(v).any())
             if missing:
                 raise RuntimeError(f"the judge returned no time on device {device} for draws of plans {missing}")
             return {name: tuple(v) for name, v in ms.items()}
 
         return timer
+
+
+def _reference(task: Task, plan: Plan, lookups: Mapping, on: torch.device) -> list:
+    """The steadying reference's steps: the fused kernels of ``plan``'s first device that has one."""
+    for device in range(task.num_devices):
+        steps = DeviceWork(task, plan, device, on).steps(lookups)[0]
+        if steps:
+            return steps
+    raise ShardingError("measured refinement: the plan has no fused kernel on any device to steady its timings by; refine with steady=False")
 
 
 def _ms(by_draw: np.ndarray) -> str:
