@@ -65,11 +65,15 @@ def judged_task(rows: list[dict], pool_seed: int, devices: int, steady: bool = T
     return judgements(last, devices, JudgeConfig.of(last[0]), steady)
 
 
-def _interval(a: Judged, b: Judged | None) -> str:
-    if b is None:
-        return "-"
-    ratio, low, high = ratio_interval(a, b)
+def interval_text(interval: tuple[float, float, float]) -> str:
+    """A (ratio, low, high) of ``lab.judge``'s intervals as the reports print it."""
+    ratio, low, high = interval
     return f"{ratio:.3f} ({low:.3f}-{high:.3f})"
+
+
+def ratio_text(a: Judged, b: Judged | None) -> str:
+    """``a`` over ``b`` with its interval (``ratio_interval``), or "-" without ``b``."""
+    return "-" if b is None else interval_text(ratio_interval(a, b))
 
 
 def best_heuristic(judged: Mapping[str, Judged]) -> str | None:
@@ -98,8 +102,8 @@ def task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: d
             lines.append(head + f"not timed | - | - | - | - | {max(p['predicted_ms']):.1f} | {p['planning_s']} ({load}) | {note}{kinds} |")
             continue
         lines.append(
-            head + f"{m.compute_ms:.1f} | {m.imbalance:.2f} | {_interval(m, judged.get(TORCHREC))} "
-            f"| {_interval(m, judged.get(best)) if best else '-'} "
+            head + f"{m.compute_ms:.1f} | {m.imbalance:.2f} | {ratio_text(m, judged.get(TORCHREC))} "
+            f"| {ratio_text(m, judged.get(best)) if best else '-'} "
             f"| {won.get(name, 0)} of {units} | {max(p['predicted_ms']):.1f} | {p['planning_s']} ({load}) | {note}{kinds} |"
         )
     return lines

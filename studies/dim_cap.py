@@ -33,9 +33,9 @@ from benchmarks.scale import judge_task, planned_row, planning_model, task_draws
 from benchmarks.scale_report import MEASURED as SCALE_MEASURED
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import beside_stored, judged_task, latest_plans, task_lines
-from studies.task_steps import over_tasks, task_parser
 from studies.machine_model import MEASURED as MACHINE_MEASURED
 from studies.machine_model import PLANNED as MACHINE_PLANNED
+from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
 from torchrec_neuroshard.lab.refine import device_compute

@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks.scale import judge_task, planned_row, planning_model, scale_task, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import beside_stored, best_heuristic, judged_task, ok_rows, task_lines
+from benchmarks.scale_report import beside_stored, best_heuristic, interval_text, judged_task, ok_rows, task_lines
 from studies import steady_judge
 from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
@@ -250,17 +250,12 @@ def run_lines(run: int, across: Across) -> list[str]:
                 continue
             ours, theirs = judged[name], judged["neuroshard"]
             alone = ", ".join(f"{x:.3f}" for x in _alone(devices, pool_seed, planned[name]))
-            imbalance = f"{ours.imbalance:.2f}, {theirs.imbalance:.2f}"
-            summary.append(f"| pool {pool_seed}, D = {devices} | {name} | {_cell(ratio_interval(ours, theirs))} | {imbalance} | {alone} |")
-            ratios.setdefault(name, []).append(ratio_interval(ours, theirs)[0])
+            imbalance, interval = f"{ours.imbalance:.2f}, {theirs.imbalance:.2f}", ratio_interval(ours, theirs)
+            summary.append(f"| pool {pool_seed}, D = {devices} | {name} | {interval_text(interval)} | {imbalance} | {alone} |")
+            ratios.setdefault(name, []).append(interval[0])
     for name, values in ratios.items():
         summary += ["", f"Geomean of {name} / neuroshard over {len(values)} tasks: {float(np.exp(np.mean(np.log(values)))):.3f}."]
     return lines + summary + [""]
-
-
-def _cell(interval: tuple[float, float, float]) -> str:
-    ratio, low, high = interval
-    return f"{ratio:.3f} ({low:.3f}-{high:.3f})"
 
 
 def across_lines(across: Across, runs: Sequence[int]) -> list[str]:
@@ -283,8 +278,8 @@ def across_lines(across: Across, runs: Sequence[int]) -> list[str]:
 
 def _vs(name: str, judged: Sequence[tuple[Judged, Judged, Judged]]) -> str:
     """A cell: ``name``'s plan over the best heuristic; then over neuroshard (not for neuroshard)."""
-    best = _cell(runs_ratio_interval([(ours, heuristic) for ours, heuristic, _ in judged]))
-    return best if name == "neuroshard" else f"{best}; {_cell(runs_ratio_interval([(ours, cpu_pt) for ours, _, cpu_pt in judged]))}"
+    best = interval_text(runs_ratio_interval([(ours, heuristic) for ours, heuristic, _ in judged]))
+    return best if name == "neuroshard" else f"{best}; {interval_text(runs_ratio_interval([(ours, cpu_pt) for ours, _, cpu_pt in judged]))}"
 
 
 def _rankers() -> dict[str, Callable[[int, int], tuple]]:

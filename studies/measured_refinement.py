@@ -30,9 +30,9 @@ from threadpoolctl import threadpool_limits
 
 from benchmarks.scale import judge_task, planning_model, plans_sha, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import latest_plans
+from benchmarks.scale_report import latest_plans, ratio_text
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judgements, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig, judgements, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.refine import MeasuredRefiner
 from torchrec_neuroshard.types import Plan
@@ -106,18 +106,11 @@ def report() -> str:
             "|---|---|---|---|---|---|",
         ]  # fmt: skip
         for name, j in judged.items():
-            cells = [_ratio(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
+            cells = [ratio_text(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
             lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
         lines.append("")
     REPORT.write_text("\n".join(lines))
     return "\n".join(lines)
-
-
-def _ratio(a: Judged, b: Judged | None) -> str:
-    if b is None:
-        return "-"
-    ratio, low, high = ratio_interval(a, b)
-    return f"{ratio:.3f} ({low:.3f}-{high:.3f})"
 
 
 def main(argv: list[str] | None = None) -> None:
