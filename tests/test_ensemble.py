@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from benchmarks.scale import scale_task
+from studies import ensemble
 from studies.ensemble import EnsembleCostModel
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.types import Shard
@@ -46,3 +47,10 @@ def test_a_member_of_weight_zero_lends_its_parts_but_not_its_kernels() -> None:
     assert only_second.step_parts is first.step_parts
     with pytest.raises(ValueError, match="weights >= 0"):
         EnsembleCostModel([first, second], [1.0, 1.0], [0.0, 0.0])
+
+
+def test_the_deep_ensemble_without_its_trained_siblings_names_the_step_that_trains_them(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(ensemble, "SIBLINGS", tmp_path)
+    with pytest.raises(FileNotFoundError, match="studies.ensemble train"):
+        ensemble.member_paths(ensemble.DEEP)
+    assert ensemble.member_paths(ensemble.NAME) == [None, str(ensemble.SECOND)]
