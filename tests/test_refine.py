@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.planner import Topology
+from torchrec.distributed.planner import ParameterConstraints, Topology
 
 from torchrec_neuroshard import NeuroShardPlanner
 from torchrec_neuroshard.costmodel import load_pretrained
@@ -21,7 +21,7 @@ from torchrec_neuroshard.lab.refine import MeasuredRefiner, best_move, device_co
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import search
 from torchrec_neuroshard.tables import module_for_tables
-from torchrec_neuroshard.types import ShardingError, Task
+from torchrec_neuroshard.types import Plan, ShardingError, ShardingKind, TableChoices, TablePlacement, Task
 
 
 def small_task(devices: int = 4) -> Task:
@@ -78,6 +78,79 @@ def test_a_move_that_pays_on_one_draw_of_ids_only_is_not_kept(caplog) -> None:
     assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, pays) != plan
 
 
+def two_wide_tables() -> tuple[Task, Plan]:
+    """Two alike 128-wide tables, one a device: whole, neither can move without its target
+    ending slower than the slow device was (``weighted_dims_timer``)."""
+    task = small_task(2)
+    wide = max(task.tables, key=lambda t: (t.dim, t.name))
+    assert wide.dim == 128
+    a, b = replace(wide, name="a", feature_names=("fa",)), replace(wide, name="b", feature_names=("fb",))
+    plan = Plan((TablePlacement("a", (128,), (0,)), TablePlacement("b", (128,), (1,))), 2)
+    return replace(task, tables=(a, b), modules=()), plan
+
+
+def weighted_dims_timer(weights: tuple[float, ...]):
+    """A machine on which a device's time is its column count times its weight."""
+
+    def timer(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
+        return {name: (plan.device_dims()[device] * weights[device],) * 2 for name, plan in plans.items()}
+
+    return timer
+
+
+def test_a_shard_too_heavy_to_move_whole_is_halved(caplog) -> None:
+    """Device 0 runs at 1.8x: moving table a whole makes device 1 slower (256 > 230 ms);
+    half of its columns there leaves both below (115, 192 ms), and the refiner finds it."""
+    task, plan = two_wide_tables()
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+        refined = MeasuredRefiner(seconds=30).refine_with(task, load_pretrained("cpu"), plan, weighted_dims_timer((1.8, 1.0)))
+    refined.validate(task)
+    assert refined.placement("a") == TablePlacement("a", (64, 64), (0, 1), ShardingKind.COLUMN_WISE)
+    assert refined.placement("b") == plan.placement("b")
+    assert "table a, 64 of its 128 columns, from device 0 to 1" in caplog.text and "128 of its 128 columns" not in caplog.text
+
+
+def test_a_table_whose_choices_keep_it_whole_is_never_halved() -> None:
+    task, plan = two_wide_tables()
+    whole = {"a": TableChoices(min_width=128), "b": TableChoices(min_width=128)}
+    timer, model = weighted_dims_timer((1.8, 1.0)), load_pretrained("cpu")
+    assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, timer, choices=whole) == plan
+
+
+class SplitsFirstTable:
+    """A refiner that records the choices it was given and halves the first table-wise
+    table it may split onto another device."""
+
+    def refine(self, task, model, plan, compute_device, deadline=None, choices=None):
+        self.choices = choices
+        for i, p in enumerate(plan.placements):
+            if p.kind is ShardingKind.TABLE_WISE and choices[p.table].min_width <= p.widths[0] // 2:
+                half, other = p.widths[0] // 2, (p.devices[0] + 1) % task.num_devices
+                split = TablePlacement(p.table, (half, half), (p.devices[0], other))
+                return Plan(plan.placements[:i] + (split,) + plan.placements[i + 1 :], plan.num_devices)
+        return plan
+
+
+def test_the_planner_gives_the_refiner_each_tables_choices_and_labels_its_splits() -> None:
+    """A table-wise-only constraint reaches the refiner as a table it may not split; a table
+    allowed table_column_wise and not column_wise comes back labelled so."""
+    task = small_task(2)
+    whole, cut = sorted(t.name for t in task.tables if t.dim >= 16)[:2]
+    constraints = {
+        t.name: ParameterConstraints(sharding_types=["table_wise"] if t.name == whole else ["table_wise", "table_column_wise"])
+        for t in task.tables
+    }  # fmt: skip
+    refiner = SplitsFirstTable()
+    planner = NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), task.per_rank_batch, constraints=constraints, refiner=refiner)
+    sharding_plan = planner.plan(module_for_tables(task.tables), [EmbeddingBagCollectionSharder()])
+    dims = {t.name: t.dim for t in task.tables}
+    assert refiner.choices[whole].min_width == dims[whole] and refiner.choices[cut].min_width < dims[cut]
+    split = [p for p in planner.plan_.placements if len(p.widths) > 1]
+    assert split and all(p.kind is ShardingKind.TABLE_COLUMN_WISE for p in split)
+    shardings = next(iter(sharding_plan.plan.values()))
+    assert all(shardings[p.table].sharding_type == "table_column_wise" for p in split)
+
+
 def test_best_move_respects_memory() -> None:
     """A move to a device with no room left is never proposed; with room, it is."""
     task, model = small_task(2), load_pretrained("cpu")
@@ -119,7 +192,7 @@ def test_a_kept_move_is_never_undone(caplog) -> None:
 
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
         MeasuredRefiner(seconds=5).refine_with(task, model, plan, target_ends_slowest)
-    kept = re.findall(r"table (\S+) from device (\d+) to (\d+): .*; kept", caplog.text)
+    kept = re.findall(r"table (\S+), \d+ of its \d+ columns, from device (\d+) to (\d+): .*; kept", caplog.text)
     assert len(kept) >= 2 and not any((t, b, a) in kept[i + 1 :] for i, (t, a, b) in enumerate(kept))
 
 

@@ -58,8 +58,8 @@ from torchrec_neuroshard.stats import empty_device_line, format_plan_stats, log_
 from torchrec_neuroshard.stats import table_perfs, torchrec_sharding_options
 from torchrec_neuroshard.stepcost import priced_tables
 from torchrec_neuroshard.tables import ModuleTable, module_tables, shardable_modules
-from torchrec_neuroshard.triage import COLUMN_KINDS, Triage
-from torchrec_neuroshard.types import Links, Plan, ShardingError, ShardingKind, TableChoices, TableSpec, Task
+from torchrec_neuroshard.triage import Triage, labelled, search_choices
+from torchrec_neuroshard.types import Links, Plan, ShardingError, ShardingKind, TableSpec, Task
 
 logger = logging.getLogger(__name__)
 STATS_LOGGER = logging.getLogger("torchrec.distributed.planner.stats")
@@ -338,19 +338,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         constraints allow only table_column_wise of the two is labelled so."""
         links = Links.of(self.topology)
         task = self.task_ = Task(tuple(tables), self.topology.world_size, cap, self._global_batch(), modules, links, host_cap)
-        # the step parts were measured on pooled kernels: sequence tables stay table/column-wise;
-        # the search places column shards anywhere, so across hosts a table that may only be
-        # cut within one (table_column_wise) stays whole; a replica runs in HBM
-        hosts = links.local_world_size < task.num_devices
-        choices = {
-            t.spec.name: TableChoices.of(
-                (t.allowed if t.pooled else t.allowed & COLUMN_KINDS)
-                - ({ShardingKind.TABLE_COLUMN_WISE} if hosts else set())
-                - ({ShardingKind.DATA_PARALLEL} if t.spec.kernel.in_host_memory else set()),
-                t.spec.dim, t.min_width,
-            )
-            for t in decided.searched
-        }
+        choices = search_choices(decided.searched, hosts=links.local_world_size < task.num_devices)
         model = self._cost_model()
         offloaded = any(p.kernel.in_host_memory for p in decided.decided) or any(t.kernel.in_host_memory for t in task.tables)
         self._model = self._priced_model() if offloaded else model
@@ -358,14 +346,7 @@ class NeuroShardPlanner(MemoryPlanning, ShardingPlanner):
         if self.timeout_seconds is not None:
             config = replace(config, deadline=start + self.timeout_seconds)
         result = search(task, self._model, config, choices, decided.decided, memo)
-        allowed = {t.spec.name: t.allowed for t in decided.searched}
-        placements = tuple(
-            replace(p, kind=ShardingKind.TABLE_COLUMN_WISE)
-            if p.kind.splits_columns and p.kind not in allowed.get(p.table, {p.kind}) and ShardingKind.TABLE_COLUMN_WISE in allowed[p.table]
-            else p
-            for p in result.plan.placements
-        )
-        return replace(result, plan=Plan(placements, task.num_devices))
+        return replace(result, plan=labelled(result.plan, decided.searched))
 
     def _per_rank_batch(self) -> int:
         return BATCH_SIZE if self.batch_size is None else self.batch_size

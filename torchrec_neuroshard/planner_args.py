@@ -19,7 +19,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_neuroshard.tables import ModuleTable
-from torchrec_neuroshard.types import CostModel, Plan, ShardingError, Task
+from torchrec_neuroshard.types import CostModel, Plan, ShardingError, TableChoices, Task
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +102,15 @@ def check_timeout(timeout_seconds: object) -> float | None:
 @runtime_checkable
 class PlanRefiner(Protocol):
     """What refines the searched plan of ``task`` (planned for ``compute_device`` devices)
-    within ``deadline`` (a ``time.perf_counter()`` reading, None: its own budget): a valid
-    plan of the same tables, or ``plan`` itself."""
+    within ``deadline`` (a ``time.perf_counter()`` reading, None: its own budget), doing to
+    each table no more than its ``choices`` allow (the search's: ``triage.search_choices``;
+    a table split by columns is labelled as its constraints name it after): a valid plan of
+    the same tables, or ``plan`` itself."""
 
-    def refine(self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None) -> Plan: ...
+    def refine(
+        self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None,
+        choices: Mapping[str, TableChoices] | None = None,
+    ) -> Plan: ...
 
 
 def check_refiner(refiner: object) -> PlanRefiner | None:

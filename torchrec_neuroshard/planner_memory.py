@@ -19,8 +19,8 @@ from torchrec_neuroshard.offload import Offload, attempts
 from torchrec_neuroshard.search.config import past
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.tables import ModuleTable
-from torchrec_neuroshard.triage import Triage, triage
-from torchrec_neuroshard.types import CostModel, InfeasibleError, Links, Plan, Shard, ShardingError, ShardingKind, TableSpec, Task
+from torchrec_neuroshard.triage import Triage, labelled, search_choices, triage
+from torchrec_neuroshard.types import CostModel, InfeasibleError, Links, Plan, Shard, ShardingError, ShardingKind, TableChoices, TableSpec, Task
 from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
 logger = logging.getLogger("torchrec_neuroshard.planner")
@@ -64,18 +64,23 @@ class MemoryPlanning:
             self._plan_tables(tables, attempt, cap, host_cap, start, memo)
             decided = self._decided
         if self.refiner is not None and self.search_result_ is not None and not past(deadline):
-            self._refine(deadline)
+            self._refine(decided, deadline)
         self._overran = time.perf_counter() - start if past(deadline) else None
         if self.plan_.offloaded():
             logger.info("UVM kernels priced by the shipped UVM pricing, %s", UvmPricing.shipped().source)
         if self.search_result_ is not None:
             self._report(tables, decided, cap)
 
-    def _refine(self, deadline: float | None) -> None:
-        """``plan_`` and ``search_result_`` from the ``refiner``'s plan, checked and priced."""
+    def _refine(self, decided: Triage, deadline: float | None) -> None:
+        """``plan_`` and ``search_result_`` from the ``refiner``'s plan (it may do to the
+        searched tables what the search may: ``search_choices``), labelled, checked and priced."""
         model = self._model.with_batch_size(self.task_.batch_size)
-        refined = self.refiner.refine(self.task_, model, self.plan_, self.topology.compute_device, deadline)
+        hosts = self.topology.local_world_size < self.task_.num_devices
+        choices = {p.table: TableChoices.of(frozenset(), self.task_.table(p.table).dim) for p in decided.decided}  # never split
+        choices.update(search_choices(decided.searched, hosts))
+        refined = self.refiner.refine(self.task_, model, self.plan_, self.topology.compute_device, deadline, choices)
         if refined is not self.plan_:
+            refined = labelled(refined, decided.searched)
             refined.validate(self.task_)
             step = predict_step(model, self.task_, refined)
             self.plan_ = refined

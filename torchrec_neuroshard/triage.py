@@ -12,16 +12,19 @@ so the plan does not depend on the order of tables or modules. The search then p
   spread over the hosts by their bytes (``row_split``);
 - data-parallel: replication is all its constraints allow;
 - anything else is an error naming the table, its bytes and what to change.
+
+What the search (and a refiner after it) may do with each searched table is
+``search_choices``; ``labelled`` names a column split as the table's constraints allow it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from torchrec_neuroshard.hosts import spread_over_hosts
 from torchrec_neuroshard.tables import ModuleTable
-from torchrec_neuroshard.types import InfeasibleError, Plan, ShardingKind, TablePlacement
+from torchrec_neuroshard.types import InfeasibleError, Plan, ShardingKind, TableChoices, TablePlacement
 
 COLUMN_KINDS = frozenset(k for k in ShardingKind if k.splits_columns)
 ROW_KINDS = frozenset(k for k in ShardingKind if k.splits_rows)
@@ -81,6 +84,38 @@ def triage(
             f"all taken by replicated or row-wise tables ({fixed_memory:,} bytes on the fullest rank)"
         )
     return Triage(tuple(searched), tuple(decided), tuple(reasons))
+
+
+def search_choices(searched: Sequence[ModuleTable], hosts: bool) -> dict[str, TableChoices]:
+    """What the search may do with each of the ``searched`` tables (``hosts``: the task spans
+    several hosts). The step parts were measured on pooled kernels, so a sequence table
+    stays table- or column-wise; the search places column shards anywhere, so across hosts
+    a table that may only be cut within one (table_column_wise) stays whole; a replica runs
+    in HBM, so a table on a host-memory kernel is not replicated."""
+    return {
+        t.spec.name: TableChoices.of(
+            (t.allowed if t.pooled else t.allowed & COLUMN_KINDS)
+            - ({ShardingKind.TABLE_COLUMN_WISE} if hosts else set())
+            - ({ShardingKind.DATA_PARALLEL} if t.spec.kernel.in_host_memory else set()),
+            t.spec.dim, t.min_width,
+        )
+        for t in searched
+    }
+
+
+def labelled(plan: Plan, searched: Sequence[ModuleTable]) -> Plan:
+    """``plan`` with each column-split table of ``searched`` whose constraints allow
+    table_column_wise and not the split's kind labelled table_column_wise (the search and
+    a refiner split columns as column_wise)."""
+    allowed = {t.spec.name: t.allowed for t in searched}
+
+    def label(p: TablePlacement) -> TablePlacement:
+        kinds = allowed.get(p.table, {p.kind})
+        if p.kind.splits_columns and p.kind not in kinds and ShardingKind.TABLE_COLUMN_WISE in kinds:
+            return replace(p, kind=ShardingKind.TABLE_COLUMN_WISE)
+        return p
+
+    return Plan(tuple(map(label, plan.placements)), plan.num_devices)
 
 
 def row_split(

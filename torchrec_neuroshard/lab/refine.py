@@ -12,14 +12,15 @@ while the measurement says the move pays.
    by it (times its first median), as the judge's reference steadies a run: devices timed
    minutes apart are then compared at one machine speed, not at the speed of their minute.
 2. Each device's measured / predicted ratio corrects the model for that device. Of the
-   moves of one table-wise or column shard from the slowest measured device to one of the
-   ``targets`` least-measured ones, the one whose corrected prediction leaves the two
-   devices least is tried: the old plan's and the new plan's work on both devices timed
-   interleaved, round by round, on each of ``draws`` draws of ids; it is kept when on every
-   draw the slower of the two new devices beats the old slowest by ``margin`` (one draw's
-   ids move a device's time by up to 20%, more than the margin). A move not kept is not
-   tried again, nor is a kept one undone. Either way the two devices keep their newer
-   measurement.
+   moves off the slowest measured device to one of the ``targets`` least-measured ones (a
+   table-wise or column shard moved whole, or, where the table's ``choices`` allow columns
+   that narrow, its widest shard there halved and one half moved), the one whose corrected
+   prediction leaves the two devices least is tried: the old plan's and the new plan's
+   work on both devices timed interleaved, round by round, on each of ``draws`` draws of
+   ids; it is kept when on every draw the slower of the two new devices beats the old
+   slowest by ``margin`` (one draw's ids move a device's time by up to 20%, more than the
+   margin). A move not kept is not tried again, nor is a kept one undone (no shard of its
+   table moves back). Either way the two devices keep their newer measurement.
 3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
@@ -40,12 +41,14 @@ import torch
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import REFERENCE, DeviceWork, JudgeConfig, rank_correlation, time_device
 from torchrec_neuroshard.stepcost import predict_step
-from torchrec_neuroshard.types import CostModel, Plan, Shard, ShardingError, ShardingKind, Task
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, Shard, ShardingError, ShardingKind, TableChoices, TablePlacement, Task
 
 logger = logging.getLogger("torchrec_neuroshard")
 
 Timer = Callable[[Task, Mapping[str, Plan], int], dict[str, tuple[float, ...]]]
 """ms of each plan's work on one device on each draw of ids, the plans timed interleaved."""
+Move = tuple[str, int, int, int]
+"""(table, from device, to device, columns moved): a shard moved whole, or half of one."""
 
 
 @dataclass(frozen=True)
@@ -80,9 +83,13 @@ class MeasuredRefiner:
         if not 0 <= self.margin < 1:
             raise ValueError(f"MeasuredRefiner.margin is {self.margin}: give a share in [0, 1)")
 
-    def refine(self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None) -> Plan:
+    def refine(
+        self, task: Task, model: CostModel, plan: Plan, compute_device: str, deadline: float | None = None,
+        choices: Mapping[str, TableChoices] | None = None,
+    ) -> Plan:
         """``plan`` refined on this machine's measurement (see the module docstring), or
-        ``plan`` itself where its kernels cannot run here."""
+        ``plan`` itself where its kernels cannot run here; ``choices``: per table, what a
+        move may do (absent: what ``TableChoices()`` allows, as the search takes them)."""
         on = _where(compute_device)
         if on is None:
             logger.warning(
@@ -91,9 +98,12 @@ class MeasuredRefiner:
             )  # fmt: skip
             return plan
         stop = _stop(self.seconds, deadline)  # (the draw of ids counts too)
-        return self.refine_with(task, model, plan, self._judge_timer(task, plan, on), stop)
+        return self.refine_with(task, model, plan, self._judge_timer(task, plan, on), stop, choices)
 
-    def refine_with(self, task: Task, model: CostModel, plan: Plan, timer: Timer, deadline: float | None = None) -> Plan:
+    def refine_with(
+        self, task: Task, model: CostModel, plan: Plan, timer: Timer, deadline: float | None = None,
+        choices: Mapping[str, TableChoices] | None = None,
+    ) -> Plan:
         """``refine`` with the devices timed by ``timer``."""
         stop = _stop(self.seconds, deadline)
         measured = np.zeros(task.num_devices)  # [D]
@@ -104,19 +114,20 @@ class MeasuredRefiner:
             measured[d] = np.mean(timer(task, {"plan": plan}, d)["plan"])
         predicted = device_compute(model, task, plan)  # [D]
         _log_devices(predicted, measured, "before")
-        tried: set[tuple[str, int, int]] = set()
+        tried: set[Move | tuple[str, int, int]] = set()  # moves tried, and (table, from, to) barred
         kept = 0
         while time.perf_counter() < stop:
-            move = best_move(model, task, plan, predicted, measured, self.targets, tried)
+            move = best_move(model, task, plan, predicted, measured, self.targets, tried, choices or {})
             if move is None:
                 break
-            candidate, (table, slow, fast) = move
-            tried.add((table, slow, fast))
+            candidate, (table, slow, fast, columns) = move
+            tried.add((table, slow, fast, columns))
             times = [{n: np.asarray(ms) for n, ms in timer(task, {"old": plan, "new": candidate}, d).items()} for d in (slow, fast)]
             pays = bool(np.all(np.maximum(times[0]["new"], times[1]["new"]) < times[0]["old"] * (1 - self.margin)))  # on every draw
             logger.info(
-                "measured refinement: table %s from device %d to %d: %s and %s ms against %s and %s ms (by draw); %s",
-                table, slow, fast, *(_ms(t[n]) for n in ("new", "old") for t in times), "kept" if pays else "not kept",
+                "measured refinement: table %s, %d of its %d columns, from device %d to %d: %s and %s ms against %s and %s "
+                "ms (by draw); %s", table, columns, task.table(table).dim, slow, fast,
+                *(_ms(t[n]) for n in ("new", "old") for t in times), "kept" if pays else "not kept",
             )  # fmt: skip
             if pays:
                 plan, kept = candidate, kept + 1
@@ -205,35 +216,71 @@ def _kernels_ms(model: CostModel, groups: Sequence[Mapping[ShardingKind, list[Sh
 
 
 def best_move(
-    model: CostModel, task: Task, plan: Plan, predicted: np.ndarray, measured: np.ndarray, targets: int, tried: set
-) -> tuple[Plan, tuple[str, int, int]] | None:
-    """(plan, (table, slowest device, target)) of the untried move of one shard off the
-    slowest measured device whose prediction (``predicted`` [D], the plan's compute),
-    corrected per device by measured / predicted, leaves the two devices least, if that is
-    below the slowest's measured ms, of the moves the plan stays valid after; None if none."""
+    model: CostModel,
+    task: Task,
+    plan: Plan,
+    predicted: np.ndarray,
+    measured: np.ndarray,
+    targets: int,
+    tried: set,
+    choices: Mapping[str, TableChoices] | None = None,
+) -> tuple[Plan, Move] | None:
+    """(plan, move) of the move off the slowest measured device (``one_move_away``; none in
+    ``tried``, nor of a (table, from, to) there) whose prediction (``predicted`` [D], the
+    plan's compute), corrected per device by measured / predicted, leaves the two devices
+    least, if that is below the slowest's measured ms, of the moves the plan stays valid
+    after; None if none."""
     slow = int(np.argmax(measured))
     fasts = [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]
-    moves: list[tuple[Plan, tuple[str, int, int]]] = []
-    for fast in fasts:
-        for i, p in enumerate(plan.placements):
-            if p.kind in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE) and slow in p.devices and fast not in p.devices:
-                moved = replace(p, devices=tuple(fast if d == slow else d for d in p.devices))
-                candidate = Plan(plan.placements[:i] + (moved,) + plan.placements[i + 1 :], plan.num_devices)
-                if (p.table, slow, fast) not in tried and _valid(task, candidate):
-                    moves.append((candidate, (p.table, slow, fast)))
+    moves = [
+        (c, key) for c, key in one_move_away(task, plan, slow, fasts, choices or {})
+        if key not in tried and key[:3] not in tried and _valid(task, c)
+    ]  # fmt: skip
     if not moves:
         return None
     ratio = np.where(predicted > 0, measured / np.maximum(predicted, 1e-12), 1.0)  # [D] measured / predicted
     involved = [slow, *fasts]
     kernels_now = dict(zip(involved, _kernels_ms(model, [_groups(task, plan, d) for d in involved])))  # the devices' kernels now
     to = np.asarray([key[2] for _, key in moves])  # [moves] each move's target
-    after = _kernels_ms(model, [_groups(task, c, d) for c, (_, _, f) in moves for d in (slow, f)]).reshape(-1, 2)  # [moves, 2]
+    after = _kernels_ms(model, [_groups(task, c, d) for c, key in moves for d in (slow, key[2])]).reshape(-1, 2)  # [moves, 2]
     # the devices' row blocks and replicas stay: what the move changes is their kernels
     new_slow = (predicted[slow] - kernels_now[slow] + after[:, 0]) * ratio[slow]
     new_fast = (predicted[to] - np.asarray([kernels_now[f] for f in to]) + after[:, 1]) * ratio[to]
     score = np.maximum(new_slow, new_fast)  # [moves]
     best = int(np.argmin(score))
     return moves[best] if score[best] < measured[slow] else None
+
+
+def one_move_away(
+    task: Task, plan: Plan, slow: int, fasts: Sequence[int], choices: Mapping[str, TableChoices]
+) -> list[tuple[Plan, Move]]:
+    """Every plan one move from ``plan``: for each table-wise or column-wise table with a
+    shard on ``slow`` and each of ``fasts`` holding none of it, its shards on ``slow`` moved
+    there whole, and, where its choices allow the half's width (``TableChoices.min_width``,
+    a multiple of ``WIDTH_ALIGNMENT``), its widest shard on ``slow`` halved and the second
+    half moved there (a table-wise table becomes column-wise). Memory is not checked."""
+    out: list[tuple[Plan, Move]] = []
+    for i, p in enumerate(plan.placements):
+        if p.kind not in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE) or slow not in p.devices:
+            continue
+        j = max((k for k, d in enumerate(p.devices) if d == slow), key=lambda k: p.widths[k])  # the widest shard on slow
+        half = p.widths[j] // 2
+        split = p.widths[j] % 2 == 0 and half % WIDTH_ALIGNMENT == 0 and half >= choices.get(p.table, TableChoices()).min_width
+        for fast in (f for f in fasts if f not in p.devices):
+            whole = replace(p, devices=tuple(fast if d == slow else d for d in p.devices))
+            out.append((_with(plan, i, whole), (p.table, slow, fast, sum(w for w, d in zip(p.widths, p.devices) if d == slow))))
+            if split:
+                halved = replace(
+                    p, widths=p.widths[:j] + (half, half) + p.widths[j + 1 :], devices=p.devices[:j] + (slow, fast) + p.devices[j + 1 :],
+                    kind=ShardingKind.COLUMN_WISE,
+                )  # fmt: skip
+                out.append((_with(plan, i, halved), (p.table, slow, fast, half)))
+    return out
+
+
+def _with(plan: Plan, i: int, placement: TablePlacement) -> Plan:
+    """``plan`` with its ``i``-th placement replaced by ``placement``."""
+    return Plan(plan.placements[:i] + (placement,) + plan.placements[i + 1 :], plan.num_devices)
 
 
 def _valid(task: Task, plan: Plan) -> bool:
