@@ -194,6 +194,8 @@ def test_a_kept_move_is_never_undone(caplog) -> None:
         MeasuredRefiner(seconds=5).refine_with(task, model, plan, target_ends_slowest)
     kept = re.findall(r"table (\S+), \d+ of its \d+ columns, from device (\d+) to (\d+): .*; kept", caplog.text)
     assert len(kept) >= 2 and not any((t, b, a) in kept[i + 1 :] for i, (t, a, b) in enumerate(kept))
+    trials = len(re.findall(r"measured refinement: table ", caplog.text))
+    assert f"after {len(kept)} measured moves ({trials} tried)" in caplog.text  # the moves timed, not those barred
 
 
 def test_a_machine_slowing_between_two_timings_reads_the_same_when_steadied(monkeypatch) -> None:

@@ -134,7 +134,7 @@ class MeasuredRefiner:
                 predicted = device_compute(model, task, plan)
                 tried.add((table, fast, slow))  # a kept move is not undone: the way back was the plan it beat
             measured[slow], measured[fast] = (t["new" if pays else "old"].mean() for t in times)  # the newer measurement
-        _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
+        _log_devices(predicted, measured, f"after {kept} measured moves ({sum(len(key) == 4 for key in tried)} tried)")
         return plan
 
     def _judge_timer(self, task: Task, plan: Plan, on: torch.device) -> Timer:
