@@ -182,9 +182,9 @@ def stored_plans(num_devices: int, pool_seed: int, planners: Sequence[str]) -> d
     return {n: Plan.from_dict(r["plan"]) for n, r in ok_rows(read_rows(PLANNED), pool_seed, num_devices, planners).items()}
 
 
-def task_draws(num_devices: int, pool_seed: int, draws: int) -> list:
-    """The ``draws`` draws of ids of one task the judge times every plan on."""
-    return [task_lookups(scale_task(num_devices, pool_seed), draw=k) for k in range(draws)]
+def task_draws(num_devices: int, pool_seed: int, draws: int, first: int = 0) -> list:
+    """The ``draws`` draws of ids of one task the judge times every plan on, from draw ``first``."""
+    return [task_lookups(scale_task(num_devices, pool_seed), draw=k) for k in range(first, first + draws)]
 
 
 def plans_sha(plans: dict[str, Plan]) -> str:

@@ -10,7 +10,8 @@ plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
 ``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
 one the scale benchmark judged) refined on this machine as ``NeuroShardPlanner(refiner=
 MeasuredRefiner(seconds=...))`` refines it, the refiner's log printed, the plan appended
-to ``results/measured_refinement_planned.jsonl.gz``. ``measure``: the refined plan beside
+to ``results/measured_refinement_planned.jsonl.gz`` with its log lines (``log``: every device
+measured against predicted, every move tried). ``measure``: the refined plan beside
 the task's stored plans of ``PLANNERS`` by the judge of ``benchmarks.scale`` (``lab.judge``:
 passes of opposite device order, draws of ids, interleaved rounds), rows appended to
 ``results/measured_refinement_measured.jsonl.gz`` (``benchmarks.scale.judge_task``: resumable,
@@ -30,7 +31,7 @@ from threadpoolctl import threadpool_limits
 
 from benchmarks.scale import judge_task, planning_model, plans_sha, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import latest_plans, ratio_text
+from benchmarks.scale_report import best_heuristic, latest_plans, ratio_text
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig, judgements, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
@@ -50,14 +51,31 @@ def refine(devices: int, pool_seed: int, seconds: float) -> None:
     base = Plan.from_dict(latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)["neuroshard"]["plan"])
     task, model = planning_model(devices, pool_seed)
     refiner = MeasuredRefiner(seconds=seconds)
-    plan = refiner.refine(task, model, base, "cpu")
+    log = _Lines()
+    logging.getLogger("torchrec_neuroshard").addHandler(log)
+    try:
+        plan = refiner.refine(task, model, base, "cpu")
+    finally:
+        logging.getLogger("torchrec_neuroshard").removeHandler(log)
     moved = sorted(p.table for p, q in zip(base.placements, plan.placements) if p != q)
     row = {
         "pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "draws": refiner.draws,
-        "rounds": refiner.rounds, "steady": refiner.steady, "moved": moved, "plan": plan.to_dict(),
+        "rounds": refiner.rounds, "steady": refiner.steady, "moved": moved, "log": log.lines, "plan": plan.to_dict(),
     }  # fmt: skip
     append_rows(PLANNED, [row])
-    print(json.dumps({k: v for k, v in row.items() if k != "plan"}))
+    print(json.dumps({k: v for k, v in row.items() if k not in ("plan", "log")}))
+
+
+class _Lines(logging.Handler):
+    """The refiner's log lines, kept for its row (the refiner's measurements and moves)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("measured refinement"):
+            self.lines.append(record.getMessage())
 
 
 def _plans(devices: int, pool_seed: int, refined: dict | None = None) -> dict[str, Plan]:
@@ -80,7 +98,15 @@ def _refined_row(pool_seed: int, devices: int, sha: str) -> dict:
 
 
 def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
-    judge_task(devices, pool_seed, _plans(devices, pool_seed), config, task_draws(devices, pool_seed, config.draws), MEASURED)
+    draws = task_draws(devices, pool_seed, config.draws, config.first_draw)
+    judge_task(devices, pool_seed, _plans(devices, pool_seed), config, draws, MEASURED)
+
+
+def _ids(config: JudgeConfig, refined: dict) -> str:
+    """Which ids a judged run timed: the refiner's own (it timed draws 0 on, of the same
+    seed) or others."""
+    seen = config.first_draw < refined.get("draws", 1)
+    return f"draws {config.first_draw}-{config.first_draw + config.draws - 1}, {'the refiner' + chr(39) + 's own' if seen else 'unseen by the refiner'}"
 
 
 def report() -> str:
@@ -91,26 +117,59 @@ def report() -> str:
         "slowest device's median over units (pass x draw x round) as `lab.judge` times it; ratios of compute with a 90% "
         "paired bootstrap interval over units; units fastest: those in which the plan's slowest device was the least.", "",
     ]  # fmt: skip
-    for (pool_seed, devices, sha) in dict.fromkeys((r["pool_seed"], r["devices"], r["plans_sha"]) for r in rows):
-        mine = [r for r in rows if r["plans_sha"] == sha]
-        config = JudgeConfig.of(mine[0])
-        judged = judgements(mine, devices, config)
-        refined = _refined_row(pool_seed, devices, sha)
-        won = wins(judged)
-        lines += [
-            f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units{', steadied by a reference' if config.reference else ''})", "",
-            f"Refined for {refined['seconds']:g} s, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
-            f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
-            f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
-            "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
-            "|---|---|---|---|---|---|",
-        ]  # fmt: skip
-        for name, j in judged.items():
-            cells = [ratio_text(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
-            lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
-        lines.append("")
+    last: dict[tuple[int, int, str], list[str]] = {}
+    for (pool_seed, devices, sha, first) in dict.fromkeys((r["pool_seed"], r["devices"], r["plans_sha"], JudgeConfig.of(r).first_draw) for r in rows):
+        mine = [r for r in rows if r["plans_sha"] == sha and JudgeConfig.of(r).first_draw == first]
+        lines += _run_lines(pool_seed, devices, sha, mine)
+        seen = _ids(JudgeConfig.of(mine[0]), _refined_row(pool_seed, devices, sha)).split(", ")[1]
+        last[pool_seed, devices, seen] = _summary_cells(pool_seed, devices, sha, mine)
+    lines += [
+        "## Every task's last run", "",
+        "| pool | D | ids judged | refined for | tables moved (halved) | refined / unrefined | refined / best heuristic | "
+        "unrefined / best heuristic | refined / TorchRec | unrefined / TorchRec | units the refined plan was fastest |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {pool} | {d} | {seen} | " + " | ".join(cells) + " |" for (pool, d, seen), cells in sorted(last.items())),
+        "",
+    ]  # fmt: skip
     REPORT.write_text("\n".join(lines))
     return "\n".join(lines)
+
+
+def _run_lines(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list[str]:
+    """One judged run's section: how its plan was refined, and every plan's measurement."""
+    config = JudgeConfig.of(mine[0])
+    judged = judgements(mine, devices, config)
+    refined = _refined_row(pool_seed, devices, sha)
+    won = wins(judged)
+    lines = [
+        f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: {_ids(config, refined)})", "",
+        f"Refined for {refined['seconds']:g} s, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
+        f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
+        f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
+        "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
+        "|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for name, j in judged.items():
+        cells = [ratio_text(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
+        lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
+    return lines + [""]
+
+
+def _summary_cells(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list[str]:
+    """A judged run's cells of the summary table (see ``report``)."""
+    config = JudgeConfig.of(mine[0])
+    judged = judgements(mine, devices, config)
+    refined_row = _refined_row(pool_seed, devices, sha)
+    plans = _plans(devices, pool_seed, refined_row)
+    before = {p.table: p for p in plans["neuroshard"].placements}
+    halved = sum(len(p.widths) > len(before[p.table].widths) for p in plans[REFINED].placements)
+    best, torchrec = best_heuristic(judged), judged.get("torchrec_timeout")
+    refined, unrefined = judged[REFINED], judged["neuroshard"]
+    return [
+        f"{refined_row['seconds']:g} s", f"{len(refined_row['moved'])} ({halved})", ratio_text(refined, unrefined),
+        f"{ratio_text(refined, judged[best])} ({best})", ratio_text(unrefined, judged[best]), ratio_text(refined, torchrec),
+        ratio_text(unrefined, torchrec), f"{wins(judged)[REFINED]} of {config.units}",
+    ]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -121,6 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=240.0)
     p.add_argument("--rounds", type=int, default=3, help="measure: the judge's rounds a pass and draw")
     p.add_argument("--reference", action="store_true", help="measure: time the judge's reference in every round (steadied)")
+    p.add_argument(
+        "--first-draw", type=int, default=MeasuredRefiner.draws,
+        help="measure: the judge's first draw of ids (default: past the refiner's own draws, 0 on)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("torchrec_neuroshard").setLevel(logging.INFO)
@@ -129,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.step == "refine":
             refine(args.devices, args.pool_seed, args.seconds)
         elif args.step == "measure":
-            measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference))
+            measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference, first_draw=args.first_draw))
     if args.step == "report":
         print(report())
 

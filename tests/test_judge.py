@@ -23,6 +23,18 @@ def test_a_judge_config_needs_every_count_at_least_one() -> None:
         JudgeConfig(draws=0)
 
 
+def test_a_judge_config_reads_back_from_its_rows_with_its_first_draw_of_ids() -> None:
+    """Rows written before the first draw was recorded read as from draw 0; a run judged on
+    later draws (those a refiner did not time) is another configuration, so it is not
+    resumed from the first run's rows."""
+    later = JudgeConfig(rounds=2, reference=True, first_draw=2)
+    assert JudgeConfig.of(dataclasses.asdict(later)) == later
+    row = {k: v for k, v in dataclasses.asdict(later).items() if k != "first_draw"}
+    assert JudgeConfig.of(row) == JudgeConfig(rounds=2, reference=True) != later
+    with pytest.raises(ValueError, match="JudgeConfig.first_draw is -1"):
+        JudgeConfig(first_draw=-1)
+
+
 def test_passes_visit_the_devices_in_opposite_orders() -> None:
     assert device_order(3, 0) == [0, 1, 2] and device_order(3, 1) == [2, 1, 0] and device_order(3, 2) == [0, 1, 2]
 

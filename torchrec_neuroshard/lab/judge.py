@@ -41,23 +41,31 @@ REFERENCE = "_reference"
 @dataclass(frozen=True)
 class JudgeConfig:
     """How many passes over the devices, draws of ids, rounds per draw and timed steps per
-    round, and whether a fixed reference is timed in every round (rows named ``REFERENCE``)."""
+    round, whether a fixed reference is timed in every round (rows named ``REFERENCE``), and
+    the first draw of ids (``first_draw``: the draws are ``first_draw`` on, a row's ``draw``
+    counts from it), so that a plan chosen by timing some draws is judged on others."""
 
     passes: int = 2
     draws: int = 2
     rounds: int = 3
     repeats: int = 3
     reference: bool = False
+    first_draw: int = 0
 
     def __post_init__(self) -> None:
         for name in ("passes", "draws", "rounds", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"JudgeConfig.{name} is {getattr(self, name)}: give at least 1")
+        if self.first_draw < 0:
+            raise ValueError(f"JudgeConfig.first_draw is {self.first_draw}: give a draw index of 0 or more")
 
     @staticmethod
     def of(row: dict) -> "JudgeConfig":
-        """The configuration a judge's row was timed by (rows before ``reference``: without one)."""
-        return JudgeConfig(row["passes"], row["draws"], row["rounds"], row["repeats"], row.get("reference", False))
+        """The configuration a judge's row was timed by (rows before ``reference`` and
+        ``first_draw``: without a reference, from draw 0)."""
+        return JudgeConfig(
+            row["passes"], row["draws"], row["rounds"], row["repeats"], row.get("reference", False), row.get("first_draw", 0)
+        )
 
     @property
     def units(self) -> int:
