@@ -120,6 +120,8 @@ def report() -> str:
     last: dict[tuple[int, int, str], list[str]] = {}
     for (pool_seed, devices, sha, first) in dict.fromkeys((r["pool_seed"], r["devices"], r["plans_sha"], JudgeConfig.of(r).first_draw) for r in rows):
         mine = [r for r in rows if r["plans_sha"] == sha and JudgeConfig.of(r).first_draw == first]
+        if REFINED not in judgements(mine, devices, JudgeConfig.of(mine[0])):
+            continue  # a run still being measured
         lines += _run_lines(pool_seed, devices, sha, mine)
         seen = _ids(JudgeConfig.of(mine[0]), _refined_row(pool_seed, devices, sha)).split(", ")[1]
         last[pool_seed, devices, seen] = _summary_cells(pool_seed, devices, sha, mine)
