@@ -105,8 +105,7 @@ def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
 def _ids(config: JudgeConfig, refined: dict) -> str:
     """Which ids a judged run timed: the refiner's own (it timed draws 0 on, of the same
     seed) or others."""
-    seen = config.first_draw < refined.get("draws", 1)
-    return f"draws {config.first_draw}-{config.first_draw + config.draws - 1}, {'the refiner' + chr(39) + 's own' if seen else 'unseen by the refiner'}"
+    return "the refiner's own" if config.first_draw < refined.get("draws", 1) else "unseen by the refiner"
 
 
 def report() -> str:
@@ -123,8 +122,7 @@ def report() -> str:
         if REFINED not in judgements(mine, devices, JudgeConfig.of(mine[0])):
             continue  # a run still being measured
         lines += _run_lines(pool_seed, devices, sha, mine)
-        seen = _ids(JudgeConfig.of(mine[0]), _refined_row(pool_seed, devices, sha)).split(", ")[1]
-        last[pool_seed, devices, seen] = _summary_cells(pool_seed, devices, sha, mine)
+        last[pool_seed, devices, _ids(JudgeConfig.of(mine[0]), _refined_row(pool_seed, devices, sha))] = _summary_cells(pool_seed, devices, sha, mine)
     lines += [
         "## Every task's last run", "",
         "| pool | D | ids judged | refined for | tables moved (halved) | refined / unrefined | refined / best heuristic | "
@@ -144,7 +142,7 @@ def _run_lines(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list
     refined = _refined_row(pool_seed, devices, sha)
     won = wins(judged)
     lines = [
-        f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: {_ids(config, refined)})", "",
+        f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {_ids(config, refined)})", "",
         f"Refined for {refined['seconds']:g} s, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
         f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
