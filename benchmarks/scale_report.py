@@ -129,8 +129,7 @@ def model_lines(planned: dict, judged: dict) -> list[str]:
             row = planned[pool_seed, d][name]
             model, predicted = row.get("model", "shipped cpu.pt"), np.asarray(row["predicted_ms"])
             levels.setdefault((d, model), []).extend(predicted / m.per_device)
-            halves = np.array_split(m.times, 2)  # [units / 2, devices] each: the two passes (units run pass-major)
-            itself.setdefault((d, model), []).append(rank_correlation(np.median(halves[0], 0), np.median(halves[1], 0)))
+            itself.setdefault((d, model), []).append(m.passes_agree)
             for ours in {name.startswith("neuroshard"), False}:
                 errors.setdefault((d, model, ours), []).extend(np.abs(predicted / m.per_device - 1))
                 ranks.setdefault((d, model, ours), []).append(rank_correlation(predicted, m.per_device))

@@ -1,11 +1,13 @@
 """Does measured refinement at plan time (``lab.refine.MeasuredRefiner``) make NeuroShard's
 plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
 
-    taskset -c 1 python -m studies.measured_refinement refine --devices 8 --pool-seed 2 --seconds 240
-    taskset -c 1 python -m studies.measured_refinement measure --devices 8 --pool-seed 2
-    taskset -c 1 python -m studies.measured_refinement refine --devices 16 --pool-seed 4
+    taskset -c 1 python -m studies.measured_refinement refine --devices 16 --pool-seed 4 --seconds 600
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference
+    taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference --first-draw 0
     python -m studies.measured_refinement report
+
+(the results' tasks: D = 8 and 16 on pools 2-4, D = 32 on pool 2). ``measure`` judges on
+ids the refiner never timed unless ``--first-draw 0`` (its own: a selection on the noise).
 
 ``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
 one the scale benchmark judged) refined on this machine as ``NeuroShardPlanner(refiner=
@@ -16,7 +18,8 @@ the task's stored plans of ``PLANNERS`` by the judge of ``benchmarks.scale`` (``
 passes of opposite device order, draws of ids, interleaved rounds), rows appended to
 ``results/measured_refinement_measured.jsonl.gz`` (``benchmarks.scale.judge_task``: resumable,
 each with the judge's configuration and this machine's CPU).
-``report``: ``results/measured_refinement.md``.
+``report``: ``results/measured_refinement.md``, with the shipped model's error on every judged
+device (each plan priced by ``planning_model``, about 10 s a run).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
@@ -33,9 +37,9 @@ from benchmarks.scale import judge_task, planning_model, plans_sha, stored_plans
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import best_heuristic, latest_plans, ratio_text
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, judgements, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig, judgements, rank_correlation, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
-from torchrec_neuroshard.lab.refine import MeasuredRefiner
+from torchrec_neuroshard.lab.refine import MeasuredRefiner, device_compute
 from torchrec_neuroshard.types import Plan
 
 RESULTS = Path(__file__).parent / "results"
@@ -117,18 +121,31 @@ def report() -> str:
         "paired bootstrap interval over units; units fastest: those in which the plan's slowest device was the least.", "",
     ]  # fmt: skip
     last: dict[tuple[int, int, str], list[str]] = {}
+    errors: dict[tuple[int, int, str], list[str]] = {}
     for (pool_seed, devices, sha, first) in dict.fromkeys((r["pool_seed"], r["devices"], r["plans_sha"], JudgeConfig.of(r).first_draw) for r in rows):
         mine = [r for r in rows if r["plans_sha"] == sha and JudgeConfig.of(r).first_draw == first]
         if REFINED not in judgements(mine, devices, JudgeConfig.of(mine[0])):
             continue  # a run still being measured
         lines += _run_lines(pool_seed, devices, sha, mine)
-        last[pool_seed, devices, _ids(JudgeConfig.of(mine[0]), _refined_row(pool_seed, devices, sha))] = _summary_cells(pool_seed, devices, sha, mine)
+        key = (pool_seed, devices, _ids(JudgeConfig.of(mine[0]), _refined_row(pool_seed, devices, sha)))
+        last[key] = _summary_cells(pool_seed, devices, sha, mine)
+        errors[key] = _error_cells(pool_seed, devices, sha, mine)
     lines += [
         "## Every task's last run", "",
         "| pool | D | ids judged | refined for | tables moved (halved) | refined / unrefined | refined / best heuristic | "
         "unrefined / best heuristic | refined / TorchRec | unrefined / TorchRec | units the refined plan was fastest |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *(f"| {pool} | {d} | {seen} | " + " | ".join(cells) + " |" for (pool, d, seen), cells in sorted(last.items())),
+        "", "## The shipped model against the judged devices, every task's last run", "",
+        "The model that planned (`cpu.pt`, collectives priced by the links) prices each device of the plans; the judge's "
+        "median per device (steadied) is the measurement. Level: measured / predicted, the median over every device of "
+        "every plan of the run; MAPE: per device, the prediction times that level against the measurement; rank "
+        "correlation: within a plan, predicted against measured; the measurement against itself: the judge's first pass "
+        "against its second, the median over the run's plans.", "",
+        "| pool | D | ids judged | level | MAPE, unrefined plan | refined plan | every plan | rank correlation, unrefined plan "
+        "| refined plan | every plan (median) | the measurement against itself |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {pool} | {d} | {seen} | " + " | ".join(cells) + " |" for (pool, d, seen), cells in sorted(errors.items())),
         "",
     ]  # fmt: skip
     REPORT.write_text("\n".join(lines))
@@ -169,6 +186,22 @@ def _summary_cells(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> 
         f"{refined_row['seconds']:g} s", f"{len(refined_row['moved'])} ({halved})", ratio_text(refined, unrefined),
         f"{ratio_text(refined, judged[best])} ({best})", ratio_text(unrefined, judged[best]), ratio_text(refined, torchrec),
         ratio_text(unrefined, torchrec), f"{wins(judged)[REFINED]} of {config.units}",
+    ]  # fmt: skip
+
+
+def _error_cells(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list[str]:
+    """A judged run's cells of the model-error table (see ``report``)."""
+    judged = judgements(mine, devices, JudgeConfig.of(mine[0]))
+    task, model = planning_model(devices, pool_seed)
+    plans = _plans(devices, pool_seed, _refined_row(pool_seed, devices, sha))
+    predicted = {name: device_compute(model, task, plans[name]) for name in judged}  # [D] each
+    level = float(np.median(np.concatenate([j.per_device / predicted[n] for n, j in judged.items()])))
+    mape = {n: float(np.mean(np.abs(predicted[n] * level / j.per_device - 1))) for n, j in judged.items()}
+    rank = {n: rank_correlation(predicted[n].tolist(), j.per_device.tolist()) for n, j in judged.items()}
+    itself = [j.passes_agree for j in judged.values()]
+    return [
+        f"{level:.2f}", f"{100 * mape['neuroshard']:.1f}%", f"{100 * mape[REFINED]:.1f}%", f"{100 * float(np.mean(list(mape.values()))):.1f}%",
+        f"{rank['neuroshard']:.2f}", f"{rank[REFINED]:.2f}", f"{float(np.median(list(rank.values()))):.2f}", f"{float(np.median(itself)):.2f}",
     ]  # fmt: skip
 
 

@@ -156,3 +156,9 @@ def test_runs_pool_as_the_geometric_mean_of_their_ratios_and_narrow_the_interval
 def test_the_rank_correlation_of_devices_is_spearmans() -> None:
     assert rank_correlation([1.0, 2.0, 3.0], [10.0, 30.0, 20.0]) == pytest.approx(0.5)
     assert rank_correlation([3.0, 2.0, 1.0], [1.0, 2.0, 3.0]) == pytest.approx(-1.0)
+
+
+def test_the_measurement_against_itself_ranks_the_first_passes_devices_against_the_seconds() -> None:
+    first = np.array([[1.0, 2.0, 3.0], [1.2, 2.1, 2.9]])  # [units of pass 0, devices]
+    assert Judged(np.concatenate([first, first + 0.5])).passes_agree == pytest.approx(1.0)  # the passes agree
+    assert Judged(np.concatenate([first, first[:, ::-1]])).passes_agree == pytest.approx(-1.0)  # pass 1 reversed

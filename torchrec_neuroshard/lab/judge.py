@@ -273,6 +273,14 @@ class Judged:
         """The slowest device in each unit [units]."""
         return self.times.max(axis=1)
 
+    @property
+    def passes_agree(self) -> float:
+        """The measurement against itself: the rank correlation of the devices' medians in
+        the first half of the units against the second (the two passes of
+        ``JudgeConfig``'s default: units run pass-major)."""
+        first, second = np.array_split(self.times, 2)  # [units / 2, devices] each
+        return rank_correlation(np.median(first, 0).tolist(), np.median(second, 0).tolist())
+
 
 def judgements(rows: Sequence[dict], num_devices: int, config: JudgeConfig, steady: bool = True) -> dict[str, Judged]:
     """Per plan in ``rows`` (one run's), its measurement, where complete; with ``steady``
