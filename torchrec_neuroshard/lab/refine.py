@@ -19,8 +19,8 @@ while the measurement says the move pays.
    work on both devices timed interleaved, round by round, on each of ``draws`` draws of
    ids; it is kept when on every draw the slower of the two new devices beats the old
    slowest by ``margin`` (one draw's ids move a device's time by up to 20%, more than the
-   margin). A move not kept is not tried again, nor is a kept one undone (no shard of its
-   table moves back). Either way the two devices keep their newer measurement.
+   margin). A move not kept is not tried again, nor is a kept one undone: no shard of its
+   table moves back to the device it left, directly or round a cycle of devices. Either way the two devices keep their newer measurement.
 3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
@@ -114,7 +114,7 @@ class MeasuredRefiner:
             measured[d] = np.mean(timer(task, {"plan": plan}, d)["plan"])
         predicted = device_compute(model, task, plan)  # [D]
         _log_devices(predicted, measured, "before")
-        tried: set[Move | tuple[str, int, int]] = set()  # moves tried, and (table, from, to) barred
+        tried: set[Move | tuple[str, int]] = set()  # moves tried, and (table, device) it never returns to
         kept = 0
         while time.perf_counter() < stop:
             move = best_move(model, task, plan, predicted, measured, self.targets, tried, choices or {})
@@ -132,7 +132,7 @@ class MeasuredRefiner:
             if pays:
                 plan, kept = candidate, kept + 1
                 predicted = device_compute(model, task, plan)
-                tried.add((table, fast, slow))  # a kept move is not undone: the way back was the plan it beat
+                tried.add((table, slow))  # never back where a kept move took it from, by any way (no cycles)
             measured[slow], measured[fast] = (t["new" if pays else "old"].mean() for t in times)  # the newer measurement
         _log_devices(predicted, measured, f"after {kept} measured moves ({sum(len(key) == 4 for key in tried)} tried)")
         return plan
@@ -226,7 +226,7 @@ def best_move(
     choices: Mapping[str, TableChoices] | None = None,
 ) -> tuple[Plan, Move] | None:
     """(plan, move) of the move off the slowest measured device (``one_move_away``; none in
-    ``tried``, nor of a (table, from, to) there) whose prediction (``predicted`` [D], the
+    ``tried``, nor of a table to a device it was moved off, a (table, device) there) whose prediction (``predicted`` [D], the
     plan's compute), corrected per device by measured / predicted, leaves the two devices
     least, if that is below the slowest's measured ms, of the moves the plan stays valid
     after; None if none."""
@@ -234,7 +234,7 @@ def best_move(
     fasts = [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]
     moves = [
         (c, key) for c, key in one_move_away(task, plan, slow, fasts, choices or {})
-        if key not in tried and key[:3] not in tried and _valid(task, c)
+        if key not in tried and (key[0], key[2]) not in tried and _valid(task, c)
     ]  # fmt: skip
     if not moves:
         return None
