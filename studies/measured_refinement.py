@@ -127,25 +127,26 @@ def report() -> str:
         if REFINED not in judgements(mine, devices, JudgeConfig.of(mine[0])):
             continue  # a run still being measured
         lines += _run_lines(pool_seed, devices, sha, mine)
-        key = (pool_seed, devices, _ids(JudgeConfig.of(mine[0]), _refined_row(pool_seed, devices, sha)))
+        refined = _refined_row(pool_seed, devices, sha)
+        key = (pool_seed, devices, _ids(JudgeConfig.of(mine[0]), refined), refined["seconds"])
         last[key] = _summary_cells(pool_seed, devices, sha, mine)
         errors[key] = _error_cells(pool_seed, devices, sha, mine)
     lines += [
-        "## Every task's last run", "",
+        "## Every task's last run (per kind of ids and refinement budget)", "",
         "| pool | D | ids judged | refined for | tables moved (halved) | refined / unrefined | refined / best heuristic | "
         "unrefined / best heuristic | refined / TorchRec | unrefined / TorchRec | units the refined plan was fastest |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
-        *(f"| {pool} | {d} | {seen} | " + " | ".join(cells) + " |" for (pool, d, seen), cells in sorted(last.items())),
+        *(f"| {pool} | {d} | {seen} | " + " | ".join(cells) + " |" for (pool, d, seen, _), cells in sorted(last.items())),
         "", "## The shipped model against the judged devices, every task's last run", "",
         "The model that planned (`cpu.pt`, collectives priced by the links) prices each device of the plans; the judge's "
         "median per device (steadied) is the measurement. Level: measured / predicted, the median over every device of "
         "every plan of the run; MAPE: per device, the prediction times that level against the measurement; rank "
         "correlation: within a plan, predicted against measured; the measurement against itself: the judge's first pass "
         "against its second, the median over the run's plans.", "",
-        "| pool | D | ids judged | level | MAPE, unrefined plan | refined plan | every plan | rank correlation, unrefined plan "
+        "| pool | D | ids judged | refined for | level | MAPE, unrefined plan | refined plan | every plan | rank correlation, unrefined plan "
         "| refined plan | every plan (median) | the measurement against itself |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        *(f"| {pool} | {d} | {seen} | " + " | ".join(cells) + " |" for (pool, d, seen), cells in sorted(errors.items())),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {pool} | {d} | {seen} | {seconds:g} s | " + " | ".join(cells) + " |" for (pool, d, seen, seconds), cells in sorted(errors.items())),
         "",
     ]  # fmt: skip
     REPORT.write_text("\n".join(lines))
