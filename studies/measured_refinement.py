@@ -19,7 +19,7 @@ passes of opposite device order, draws of ids, interleaved rounds), rows appende
 ``results/measured_refinement_measured.jsonl.gz`` (``benchmarks.scale.judge_task``: resumable,
 each with the judge's configuration and this machine's CPU).
 ``report``: ``results/measured_refinement.md``, with the shipped model's error on every judged
-device (each plan priced by ``planning_model``, about 10 s a run).
+device (each plan priced by ``planning_model``: 38 s for the 15 committed runs on a 2-core Intel Xeon).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +38,10 @@ from benchmarks.scale import judge_task, planning_model, plans_sha, stored_plans
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import best_heuristic, latest_plans, ratio_text
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, judgements, rank_correlation, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judgements, rank_correlation, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.refine import MeasuredRefiner, device_compute
-from torchrec_neuroshard.types import Plan
+from torchrec_neuroshard.types import CostModel, Plan, Task
 
 RESULTS = Path(__file__).parent / "results"
 PLANNED = RESULTS / "measured_refinement_planned.jsonl.gz"
@@ -106,10 +107,34 @@ def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
     judge_task(devices, pool_seed, _plans(devices, pool_seed), config, draws, MEASURED)
 
 
-def _ids(config: JudgeConfig, refined: dict) -> str:
-    """Which ids a judged run timed: the refiner's own (it timed draws 0 on, of the same
-    seed) or others."""
-    return "the refiner's own" if config.first_draw < refined.get("draws", 1) else "unseen by the refiner"
+@dataclass(frozen=True)
+class _Run:
+    """One judged run: its task, judge's configuration and measurements, the refine step's
+    row whose plan it timed, and the plans it timed (each read once for the report)."""
+
+    pool_seed: int
+    devices: int
+    sha: str
+    cpu: str
+    config: JudgeConfig
+    judged: dict[str, Judged]
+    refined: dict
+    plans: dict[str, Plan]
+
+    @staticmethod
+    def of(pool_seed: int, devices: int, sha: str, rows: list[dict]) -> "_Run | None":
+        """The run of ``rows`` (one run's); None while its refined plan is still being measured."""
+        config = JudgeConfig.of(rows[0])
+        judged = judgements(rows, devices, config)
+        if REFINED not in judged:
+            return None
+        refined = _refined_row(pool_seed, devices, sha)
+        return _Run(pool_seed, devices, sha, rows[0]["cpu"], config, judged, refined, _plans(devices, pool_seed, refined))
+
+    @property
+    def ids(self) -> str:
+        """Which ids the run timed: the refiner's own (it timed draws 0 on, of the same seed) or others."""
+        return "the refiner's own" if self.config.first_draw < self.refined.get("draws", 1) else "unseen by the refiner"
 
 
 def report() -> str:
@@ -120,17 +145,19 @@ def report() -> str:
         "slowest device's median over units (pass x draw x round) as `lab.judge` times it; ratios of compute with a 90% "
         "paired bootstrap interval over units; units fastest: those in which the plan's slowest device was the least.", "",
     ]  # fmt: skip
-    last: dict[tuple[int, int, str], list[str]] = {}
-    errors: dict[tuple[int, int, str], list[str]] = {}
+    last: dict[tuple[int, int, str, float], list[str]] = {}
+    errors: dict[tuple[int, int, str, float], list[str]] = {}
+    models: dict[tuple[int, int], tuple] = {}  # (devices, pool seed) -> (task, model), loaded once a task
     for (pool_seed, devices, sha, first) in dict.fromkeys((r["pool_seed"], r["devices"], r["plans_sha"], JudgeConfig.of(r).first_draw) for r in rows):
-        mine = [r for r in rows if r["plans_sha"] == sha and JudgeConfig.of(r).first_draw == first]
-        if REFINED not in judgements(mine, devices, JudgeConfig.of(mine[0])):
+        run = _Run.of(pool_seed, devices, sha, [r for r in rows if r["plans_sha"] == sha and JudgeConfig.of(r).first_draw == first])
+        if run is None:
             continue  # a run still being measured
-        lines += _run_lines(pool_seed, devices, sha, mine)
-        refined = _refined_row(pool_seed, devices, sha)
-        key = (pool_seed, devices, _ids(JudgeConfig.of(mine[0]), refined), refined["seconds"])
-        last[key] = _summary_cells(pool_seed, devices, sha, mine)
-        errors[key] = _error_cells(pool_seed, devices, sha, mine)
+        lines += _run_lines(run)
+        key = (pool_seed, devices, run.ids, run.refined["seconds"])
+        last[key] = _summary_cells(run)
+        if (devices, pool_seed) not in models:
+            models[devices, pool_seed] = planning_model(devices, pool_seed)
+        errors[key] = _error_cells(run, *models[devices, pool_seed])
     lines += [
         "## Every task's last run (per kind of ids and refinement budget)", "",
         "| pool | D | ids judged | refined for | tables moved (halved) | refined / unrefined | refined / best heuristic | "
@@ -153,14 +180,12 @@ def report() -> str:
     return "\n".join(lines)
 
 
-def _run_lines(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list[str]:
+def _run_lines(run: _Run) -> list[str]:
     """One judged run's section: how its plan was refined, and every plan's measurement."""
-    config = JudgeConfig.of(mine[0])
-    judged = judgements(mine, devices, config)
-    refined = _refined_row(pool_seed, devices, sha)
+    config, judged, refined = run.config, run.judged, run.refined
     won = wins(judged)
     lines = [
-        f"## Pool {pool_seed}, D = {devices} (plans {sha}; measured on {mine[0]['cpu']}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {_ids(config, refined)})", "",
+        f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
         f"Refined for {refined['seconds']:g} s, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
         f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
@@ -173,29 +198,25 @@ def _run_lines(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list
     return lines + [""]
 
 
-def _summary_cells(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list[str]:
+def _summary_cells(run: _Run) -> list[str]:
     """A judged run's cells of the summary table (see ``report``)."""
-    config = JudgeConfig.of(mine[0])
-    judged = judgements(mine, devices, config)
-    refined_row = _refined_row(pool_seed, devices, sha)
-    plans = _plans(devices, pool_seed, refined_row)
-    before = {p.table: p for p in plans["neuroshard"].placements}
-    halved = sum(len(p.widths) > len(before[p.table].widths) for p in plans[REFINED].placements)
+    judged = run.judged
+    before = {p.table: p for p in run.plans["neuroshard"].placements}
+    halved = sum(len(p.widths) > len(before[p.table].widths) for p in run.plans[REFINED].placements)
     best, torchrec = best_heuristic(judged), judged.get("torchrec_timeout")
     refined, unrefined = judged[REFINED], judged["neuroshard"]
     return [
-        f"{refined_row['seconds']:g} s", f"{len(refined_row['moved'])} ({halved})", ratio_text(refined, unrefined),
+        f"{run.refined['seconds']:g} s", f"{len(run.refined['moved'])} ({halved})", ratio_text(refined, unrefined),
         f"{ratio_text(refined, judged[best])} ({best})", ratio_text(unrefined, judged[best]), ratio_text(refined, torchrec),
-        ratio_text(unrefined, torchrec), f"{wins(judged)[REFINED]} of {config.units}",
+        ratio_text(unrefined, torchrec), f"{wins(judged)[REFINED]} of {run.config.units}",
     ]  # fmt: skip
 
 
-def _error_cells(pool_seed: int, devices: int, sha: str, mine: list[dict]) -> list[str]:
-    """A judged run's cells of the model-error table (see ``report``)."""
-    judged = judgements(mine, devices, JudgeConfig.of(mine[0]))
-    task, model = planning_model(devices, pool_seed)
-    plans = _plans(devices, pool_seed, _refined_row(pool_seed, devices, sha))
-    predicted = {name: device_compute(model, task, plans[name]) for name in judged}  # [D] each
+def _error_cells(run: _Run, task: Task, model: CostModel) -> list[str]:
+    """A judged run's cells of the model-error table (see ``report``): ``model`` prices each
+    device of ``task``'s plans."""
+    judged = run.judged
+    predicted = {name: device_compute(model, task, run.plans[name]) for name in judged}  # [D] each
     level = float(np.median(np.concatenate([j.per_device / predicted[n] for n, j in judged.items()])))
     mape = {n: float(np.mean(np.abs(predicted[n] * level / j.per_device - 1))) for n, j in judged.items()}
     rank = {n: rank_correlation(predicted[n].tolist(), j.per_device.tolist()) for n, j in judged.items()}
