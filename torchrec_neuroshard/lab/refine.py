@@ -20,7 +20,8 @@ while the measurement says the move pays.
    ids; it is kept when on every draw the slower of the two new devices beats the old
    slowest by ``margin`` (one draw's ids move a device's time by up to 20%, more than the
    margin). A move not kept is not tried again, nor is a kept one undone: no shard of its
-   table moves back to the device it left, directly or round a cycle of devices. Either way the two devices keep their newer measurement.
+   table moves back to the device it left, directly or round a cycle of devices. Either
+   way the two devices keep their newer measurement.
 3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -114,10 +115,11 @@ class MeasuredRefiner:
             measured[d] = np.mean(timer(task, {"plan": plan}, d)["plan"])
         predicted = device_compute(model, task, plan)  # [D]
         _log_devices(predicted, measured, "before")
-        tried: set[Move | tuple[str, int]] = set()  # moves tried, and (table, device) it never returns to
+        tried: set[Move] = set()
+        barred: set[tuple[str, int]] = set()  # (table, device): a kept move took the table off it, never to return
         kept = 0
         while time.perf_counter() < stop:
-            move = best_move(model, task, plan, predicted, measured, self.targets, tried, choices or {})
+            move = best_move(model, task, plan, predicted, measured, self.targets, tried, choices or {}, barred)
             if move is None:
                 break
             candidate, (table, slow, fast, columns) = move
@@ -132,9 +134,9 @@ class MeasuredRefiner:
             if pays:
                 plan, kept = candidate, kept + 1
                 predicted = device_compute(model, task, plan)
-                tried.add((table, slow))  # never back where a kept move took it from, by any way (no cycles)
+                barred.add((table, slow))  # not undone, directly or round a cycle of devices
             measured[slow], measured[fast] = (t["new" if pays else "old"].mean() for t in times)  # the newer measurement
-        _log_devices(predicted, measured, f"after {kept} measured moves ({sum(len(key) == 4 for key in tried)} tried)")
+        _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
         return plan
 
     def _judge_timer(self, task: Task, plan: Plan, on: torch.device) -> Timer:
@@ -224,17 +226,18 @@ def best_move(
     targets: int,
     tried: set,
     choices: Mapping[str, TableChoices] | None = None,
+    barred: Collection[tuple[str, int]] = (),
 ) -> tuple[Plan, Move] | None:
     """(plan, move) of the move off the slowest measured device (``one_move_away``; none in
-    ``tried``, nor of a table to a device it was moved off, a (table, device) there) whose prediction (``predicted`` [D], the
-    plan's compute), corrected per device by measured / predicted, leaves the two devices
-    least, if that is below the slowest's measured ms, of the moves the plan stays valid
-    after; None if none."""
+    ``tried``, nor of a table to a device ``barred`` pairs it with) whose prediction
+    (``predicted`` [D], the plan's compute), corrected per device by measured / predicted,
+    leaves the two devices least, if that is below the slowest's measured ms, of the moves
+    the plan stays valid after; None if none."""
     slow = int(np.argmax(measured))
     fasts = [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]
     moves = [
         (c, key) for c, key in one_move_away(task, plan, slow, fasts, choices or {})
-        if key not in tried and (key[0], key[2]) not in tried and _valid(task, c)
+        if key not in tried and (key[0], key[2]) not in barred and _valid(task, c)
     ]  # fmt: skip
     if not moves:
         return None
