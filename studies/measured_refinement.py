@@ -50,6 +50,8 @@ REPORT = RESULTS / "measured_refinement.md"
 PLANNERS = ("neuroshard", "neuroshard_measured_comm", "torchrec_timeout", "lookup", "size_lookup")
 """The scale benchmark's judged plans, timed beside the refined one."""
 REFINED = "neuroshard_refined"
+MOVE_TIMED = "measured refinement: table "
+"""How the refiner's log line of a move it timed begins."""
 
 
 def refine(devices: int, pool_seed: int, seconds: float) -> None:
@@ -65,7 +67,7 @@ def refine(devices: int, pool_seed: int, seconds: float) -> None:
     moved = sorted(p.table for p, q in zip(base.placements, plan.placements) if p != q)
     row = {
         "pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "draws": refiner.draws,
-        "rounds": refiner.rounds, "steady": refiner.steady, "moved": moved, "log": log.lines, "plan": plan.to_dict(),
+        "rounds": refiner.rounds, "steady": refiner.steady, "early_stop": True, "moved": moved, "log": log.lines, "plan": plan.to_dict(),
     }  # fmt: skip
     append_rows(PLANNED, [row])
     print(json.dumps({k: v for k, v in row.items() if k not in ("plan", "log")}))
@@ -153,17 +155,17 @@ def report() -> str:
         if run is None:
             continue  # a run still being measured
         lines += _run_lines(run)
-        key = (pool_seed, devices, run.ids, run.refined["seconds"])
+        key = (pool_seed, devices, run.ids, run.refined["seconds"], run.refined.get("early_stop", False))
         last[key] = _summary_cells(run)
         if (devices, pool_seed) not in models:
             models[devices, pool_seed] = planning_model(devices, pool_seed)
         errors[key] = _error_cells(run, *models[devices, pool_seed])
     lines += [
         "## Every task's last run (per kind of ids and refinement budget)", "",
-        "| pool | D | ids judged | refined for | tables moved (halved) | refined / unrefined | refined / best heuristic | "
+        "| pool | D | ids judged | refined for | moves timed | tables moved (halved) | refined / unrefined | refined / best heuristic | "
         "unrefined / best heuristic | refined / TorchRec | unrefined / TorchRec | units the refined plan was fastest |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        *(f"| {pool} | {d} | {seen} | " + " | ".join(cells) + " |" for (pool, d, seen, _), cells in sorted(last.items())),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(f"| {pool} | {d} | {seen} | {_budget(*key[3:])} | " + " | ".join(cells) + " |" for key, cells in sorted(last.items()) for pool, d, seen in [key[:3]]),
         "", "## The shipped model against the judged devices, every task's last run", "",
         "The model that planned (`cpu.pt`, collectives priced by the links) prices each device of the plans; the judge's "
         "median per device (steadied) is the measurement. Level: measured / predicted, the median over every device of "
@@ -173,7 +175,7 @@ def report() -> str:
         "| pool | D | ids judged | refined for | level | MAPE, unrefined plan | refined plan | every plan | rank correlation, unrefined plan "
         "| refined plan | every plan (median) | the measurement against itself |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *(f"| {pool} | {d} | {seen} | {seconds:g} s | " + " | ".join(cells) + " |" for (pool, d, seen, seconds), cells in sorted(errors.items())),
+        *(f"| {pool} | {d} | {seen} | {_budget(*key[3:])} | " + " | ".join(cells) + " |" for key, cells in sorted(errors.items()) for pool, d, seen in [key[:3]]),
         "",
     ]  # fmt: skip
     REPORT.write_text("\n".join(lines))
@@ -186,7 +188,7 @@ def _run_lines(run: _Run) -> list[str]:
     won = wins(judged)
     lines = [
         f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
-        f"Refined for {refined['seconds']:g} s, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
+        f"Refined for {_budget(refined['seconds'], refined.get('early_stop', False))}, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
         f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
         "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
@@ -206,10 +208,22 @@ def _summary_cells(run: _Run) -> list[str]:
     best, torchrec = best_heuristic(judged), judged.get("torchrec_timeout")
     refined, unrefined = judged[REFINED], judged["neuroshard"]
     return [
-        f"{run.refined['seconds']:g} s", f"{len(run.refined['moved'])} ({halved})", ratio_text(refined, unrefined),
+        _moves_timed(run.refined),
+        f"{len(run.refined['moved'])} ({halved})", ratio_text(refined, unrefined),
         f"{ratio_text(refined, judged[best])} ({best})", ratio_text(unrefined, judged[best]), ratio_text(refined, torchrec),
         ratio_text(unrefined, torchrec), f"{wins(judged)[REFINED]} of {run.config.units}",
     ]  # fmt: skip
+
+
+def _budget(seconds: float, early_stop: bool) -> str:
+    """The refine step's budget, and whether its refiner timed a move only as far as it paid
+    (``MeasuredRefiner`` since 2026-12-02; before, every move on every draw and the old plan on the target too)."""
+    return f"{seconds:g} s{', timed as far as a move pays' if early_stop else ''}"
+
+
+def _moves_timed(refined: dict) -> str:
+    """How many moves the refine step's row timed ("-": its row kept no log)."""
+    return str(sum(line.startswith(MOVE_TIMED) for line in refined["log"])) if "log" in refined else "-"
 
 
 def _error_cells(run: _Run, task: Task, model: CostModel) -> list[str]:

@@ -32,8 +32,8 @@ def dims_timer(slow_device: int):
     """A machine on which ``slow_device`` runs at a third of the others' speed and a device's
     time is its column count: the model does not know it."""
 
-    def timer(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
-        return {name: (plan.device_dims()[device] * (3.0 if device == slow_device else 1.0),) * 2 for name, plan in plans.items()}
+    def timer(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+        return {name: plan.device_dims()[device] * (3.0 if device == slow_device else 1.0) for name, plan in plans.items()}
 
     return timer
 
@@ -55,8 +55,8 @@ def test_a_move_the_measurement_rejects_is_not_kept() -> None:
     task, model = small_task(), load_pretrained("cpu")
     plan = search(task, model).plan
 
-    def every_move_slower(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
-        return {"plan": (50.0 + 10 * device,) * 2} if "plan" in plans else {"old": (50.0, 50.0), "new": (100.0, 100.0)}
+    def every_move_slower(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+        return {"plan": 50.0 + 10 * device} if "plan" in plans else {"old": 50.0, "new": 100.0} if "old" in plans else {"new": 100.0}
 
     assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, every_move_slower) == plan
 
@@ -68,14 +68,30 @@ def test_a_move_that_pays_on_one_draw_of_ids_only_is_not_kept(caplog) -> None:
     plan = search(task, model).plan
     pays = dims_timer(0)
 
-    def second_draw_slower(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
-        ms = pays(task, plans, device)
-        return {n: (v[0], v[1] * (1.5 if n == "new" else 1.0)) for n, v in ms.items()}
+    def second_draw_slower(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+        return {n: v * (1.5 if n == "new" and draw == 1 else 1.0) for n, v in pays(task, plans, device, draw).items()}
 
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
         assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, second_draw_slower) == plan
-    assert "not kept" in caplog.text and "; kept" not in caplog.text
+    assert "device slower on draw 1)" in caplog.text and "; kept" not in caplog.text
     assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, pays) != plan
+
+
+def test_a_move_is_timed_only_as_far_as_it_pays() -> None:
+    """A move slower on the first draw of ids is never timed on the second, and the old
+    plan is never timed on the move's target (the decision does not read it)."""
+    task, model = small_task(), load_pretrained("cpu")
+    plan = search(task, model).plan
+    calls: list[tuple[tuple[str, ...], int, int]] = []
+
+    def first_draw_slower(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+        calls.append((tuple(plans), device, draw))
+        return {"plan": 50.0 + 10 * device} if "plan" in plans else {n: 100.0 if n == "new" else 50.0 for n in plans}
+
+    assert MeasuredRefiner(seconds=30, draws=3).refine_with(task, model, plan, first_draw_slower) == plan
+    moves = [c for c in calls if "plan" not in c[0]]
+    assert moves and all(draw == 0 for _, _, draw in moves)
+    assert [names for names, _, _ in moves] == [("old", "new")] * len(moves)  # slower on the source: the target is not timed
 
 
 def two_wide_tables() -> tuple[Task, Plan]:
@@ -92,8 +108,8 @@ def two_wide_tables() -> tuple[Task, Plan]:
 def weighted_dims_timer(weights: tuple[float, ...]):
     """A machine on which a device's time is its column count times its weight."""
 
-    def timer(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
-        return {name: (plan.device_dims()[device] * weights[device],) * 2 for name, plan in plans.items()}
+    def timer(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+        return {name: plan.device_dims()[device] * weights[device] for name, plan in plans.items()}
 
     return timer
 
@@ -182,13 +198,11 @@ def test_a_kept_move_is_never_undone(caplog) -> None:
     back is the plan the move beat), nor round a cycle of three devices."""
     task, model = small_task(3), load_pretrained("cpu")
     plan = search(task, model).plan
-    calls = iter(range(10_000))
 
-    def target_ends_slowest(task: Task, plans: dict, device: int) -> dict[str, tuple[float, ...]]:
+    def target_ends_slowest(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
         if "plan" in plans:
-            return {"plan": (50.0 + 10 * device,) * 2}
-        new = 10.0 if next(calls) % 2 == 0 else 90.0  # a move is timed on its source device, then its target
-        return {"old": (100.0, 100.0), "new": (new, new)}
+            return {"plan": 50.0 + 10 * device}
+        return {"old": 100.0, "new": 10.0} if "old" in plans else {"new": 90.0}  # the source device, then the target
 
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
         MeasuredRefiner(seconds=5).refine_with(task, model, plan, target_ends_slowest)
@@ -215,9 +229,9 @@ def test_a_machine_slowing_between_two_timings_reads_the_same_when_steadied(monk
 
     monkeypatch.setattr(refine, "time_device", drifting)
     steady = MeasuredRefiner(rounds=2)._judge_timer(task, plan, torch.device("cpu"))
-    assert steady(task, {"plan": plan}, 0) == steady(task, {"plan": plan}, 1) == {"plan": (6.0, 6.0)}
+    assert steady(task, {"plan": plan}, 0, 0) == steady(task, {"plan": plan}, 1, 0) == {"plan": 6.0}
     plain = MeasuredRefiner(rounds=2, steady=False)._judge_timer(task, plan, torch.device("cpu"))
-    assert plain(task, {"plan": plan}, 0) == {"plan": (6.0, 6.0)} and plain(task, {"plan": plan}, 1) == {"plan": (12.0, 12.0)}
+    assert plain(task, {"plan": plan}, 0, 1) == {"plan": 6.0} and plain(task, {"plan": plan}, 1, 1) == {"plan": 12.0}
 
 
 def test_refiner_says_so_where_it_cannot_time_the_kernels(caplog) -> None:

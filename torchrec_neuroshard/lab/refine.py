@@ -15,13 +15,14 @@ while the measurement says the move pays.
    moves off the slowest measured device to one of the ``targets`` least-measured ones (a
    table-wise or column shard moved whole, or, where the table's ``choices`` allow columns
    that narrow, its widest shard there halved and one half moved), the one whose corrected
-   prediction leaves the two devices least is tried: the old plan's and the new plan's
-   work on both devices timed interleaved, round by round, on each of ``draws`` draws of
-   ids; it is kept when on every draw the slower of the two new devices beats the old
-   slowest by ``margin`` (one draw's ids move a device's time by up to 20%, more than the
-   margin). A move not kept is not tried again, nor is a kept one undone: no shard of its
-   table moves back to the device it left, directly or round a cycle of devices. Either
-   way the two devices keep their newer measurement.
+   prediction leaves the two devices least is tried, draw of ids by draw: the old and the
+   new plan's work on the slow device timed interleaved, round by round, then (where the
+   new plan pays there) the new plan's on the target. It is kept when on every one of ``draws`` draws the slower of the
+   two new devices beats the old slowest by ``margin`` (one draw's ids move a device's time
+   by up to 20%, more than the margin), so the first timing it fails ends the move's. A
+   move not kept is not tried again, nor is a kept one undone: no shard of its table moves
+   back to the device it left, directly or round a cycle of devices. The devices timed
+   keep their newer measurement.
 3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
@@ -46,8 +47,9 @@ from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, Shard, S
 
 logger = logging.getLogger("torchrec_neuroshard")
 
-Timer = Callable[[Task, Mapping[str, Plan], int], dict[str, tuple[float, ...]]]
-"""ms of each plan's work on one device on each draw of ids, the plans timed interleaved."""
+Timer = Callable[[Task, Mapping[str, Plan], int, int], dict[str, float]]
+"""(task, plans, device, draw) -> ms of each plan's work on that device on that draw of
+ids, the plans timed interleaved."""
 Move = tuple[str, int, int, int]
 """(table, from device, to device, columns moved): a shard moved whole, or half of one."""
 
@@ -112,7 +114,7 @@ class MeasuredRefiner:
             if time.perf_counter() >= stop:
                 logger.warning("measured refinement: the budget ran out before every device was timed; the search's plan, unrefined")
                 return plan
-            measured[d] = np.mean(timer(task, {"plan": plan}, d)["plan"])
+            measured[d] = np.mean([timer(task, {"plan": plan}, d, k)["plan"] for k in range(self.draws)])
         predicted = device_compute(model, task, plan)  # [D]
         _log_devices(predicted, measured, "before")
         tried: set[Move] = set()
@@ -124,40 +126,61 @@ class MeasuredRefiner:
                 break
             candidate, (table, slow, fast, columns) = move
             tried.add((table, slow, fast, columns))
-            times = [{n: np.asarray(ms) for n, ms in timer(task, {"old": plan, "new": candidate}, d).items()} for d in (slow, fast)]
-            pays = bool(np.all(np.maximum(times[0]["new"], times[1]["new"]) < times[0]["old"] * (1 - self.margin)))  # on every draw
+            old, new, target, why = self._time_move(task, plan, candidate, timer, slow, fast, stop)
+            pays = not why
             logger.info(
-                "measured refinement: table %s, %d of its %d columns, from device %d to %d: %s and %s ms against %s and %s "
-                "ms (by draw); %s", table, columns, task.table(table).dim, slow, fast,
-                *(_ms(t[n]) for n in ("new", "old") for t in times), "kept" if pays else "not kept",
+                "measured refinement: table %s, %d of its %d columns, from device %d to %d: %s and %s ms against %s ms "
+                "(by draw); %s", table, columns, task.table(table).dim, slow, fast, _ms(new), _ms(target), _ms(old),
+                "kept" if pays else f"not kept ({why})",
             )  # fmt: skip
+            measured[slow] = np.mean(new if pays else old)  # the newer measurement
             if pays:
                 plan, kept = candidate, kept + 1
                 predicted = device_compute(model, task, plan)
+                measured[fast] = np.mean(target)
                 barred.add((table, slow))  # not undone, directly or round a cycle of devices
-            measured[slow], measured[fast] = (t["new" if pays else "old"].mean() for t in times)  # the newer measurement
         _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
         return plan
 
+    def _time_move(
+        self, task: Task, plan: Plan, candidate: Plan, timer: Timer, slow: int, fast: int, stop: float
+    ) -> tuple[list[float], list[float], list[float], str]:
+        """ms by draw of the old and the new plan on ``slow`` and of the new one on ``fast``,
+        and why the move does not pay ("" where it does): timed draw by draw, the source
+        device first, until a timing says it does not."""
+        old, new, target = [], [], []
+        for k in range(self.draws):
+            if k and time.perf_counter() >= stop:
+                return old, new, target, f"the budget ran out after {k} of {self.draws} draws"
+            on_slow = timer(task, {"old": plan, "new": candidate}, slow, k)
+            old.append(on_slow["old"])
+            new.append(on_slow["new"])
+            if not new[-1] < old[-1] * (1 - self.margin):  # the target need not be timed
+                return old, new, target, f"the source device slower on draw {k}"
+            target.append(timer(task, {"new": candidate}, fast, k)["new"])
+            if not target[-1] < old[-1] * (1 - self.margin):
+                return old, new, target, f"the target device slower on draw {k}"
+        return old, new, target, ""
+
     def _judge_timer(self, task: Task, plan: Plan, on: torch.device) -> Timer:
         draws = [task_lookups(task, seed=self.seed, draw=k) for k in range(self.draws)]
-        config = JudgeConfig(passes=1, draws=self.draws, rounds=self.rounds, repeats=self.repeats)
+        config = JudgeConfig(passes=1, draws=1, rounds=self.rounds, repeats=self.repeats)
         reference = _reference(task, plan, draws[0], on) if self.steady else ()
         level: list[float] = []  # the reference's first median: every time is steadied to it
 
-        def timer(task: Task, plans: Mapping[str, Plan], device: int) -> dict[str, tuple[float, ...]]:
-            rows = time_device(task, plans, device, draws, config, on=on, reference=reference)  # a row per (draw, plan)
-            steadier = {r["draw"]: np.asarray(r["fused_ms"]) for r in rows if r["planner"] == REFERENCE}  # [rounds] by draw
-            if steadier and not level:
-                level.append(float(np.median(np.concatenate(list(steadier.values())))))
-            ms = {name: [float("nan")] * len(draws) for name in plans}
+        def timer(task: Task, plans: Mapping[str, Plan], device: int, draw: int) -> dict[str, float]:
+            rows = time_device(task, plans, device, [draws[draw]], config, on=on, reference=reference)  # a row per plan
+            steadier = next((np.asarray(r["fused_ms"]) for r in rows if r["planner"] == REFERENCE), None)  # [rounds]
+            if steadier is not None and not level:
+                level.append(float(np.median(steadier)))
+            ms = {}
             for r in (r for r in rows if r["planner"] != REFERENCE):
                 rounds = np.add(r["fused_ms"], r["replicas_ms"])  # [rounds]
-                ms[r["planner"]][r["draw"]] = float(np.median(rounds / steadier[r["draw"]] * level[0] if steadier else rounds))
-            missing = sorted(name for name, v in ms.items() if np.isnan(v).any())
+                ms[r["planner"]] = float(np.median(rounds if steadier is None else rounds / steadier * level[0]))
+            missing = sorted(set(plans) - set(ms))
             if missing:
-                raise RuntimeError(f"the judge returned no time on device {device} for draws of plans {missing}")
-            return {name: tuple(v) for name, v in ms.items()}
+                raise RuntimeError(f"the judge returned no time on device {device}, draw {draw}, for plans {missing}")
+            return ms
 
         return timer
 
