@@ -219,15 +219,15 @@ def test_a_machine_slowing_between_two_timings_reads_the_same_when_steadied(monk
     plan = search(task, model).plan
     speed = iter([1.0, 2.0, 1.0, 2.0])  # the machine's ms factor at each call
 
-    def drifting(task, plans, device, draws, config, on, reference):
+    def drifting(work, device, draws, config, reference):
         factor, rounds = next(speed), config.rounds
-        timed = {**({REFERENCE: (10.0, 0.0)} if reference else {}), **{n: (5.0, 1.0) for n in plans}}  # (fused, replicas) ms
+        timed = {**({REFERENCE: (10.0, 0.0)} if reference else {}), **{n: (5.0, 1.0) for n in work}}  # (fused, replicas) ms
         return [
             {"draw": k, "planner": n, "fused_ms": [fused * factor] * rounds, "replicas_ms": [replicas * factor] * rounds}
             for k in range(len(draws)) for n, (fused, replicas) in timed.items()
         ]  # fmt: skip
 
-    monkeypatch.setattr(refine, "time_device", drifting)
+    monkeypatch.setattr(refine, "time_works", drifting)
     steady = MeasuredRefiner(rounds=2)._judge_timer(task, plan, torch.device("cpu"))
     assert steady(task, {"plan": plan}, 0, 0) == steady(task, {"plan": plan}, 1, 0) == {"plan": 6.0}
     plain = MeasuredRefiner(rounds=2, steady=False)._judge_timer(task, plan, torch.device("cpu"))
@@ -249,3 +249,27 @@ def test_refiner_refuses_nonsense() -> None:
         MeasuredRefiner(draws=0)
     with pytest.raises(ShardingError, match="PlanRefiner"):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), refiner=object())
+
+
+def test_a_devices_work_is_built_once_for_its_draws(monkeypatch) -> None:
+    """The refiner's timer builds a device's work in a plan once for every draw it times it
+    on (a build takes seconds at 107 tables a device), and the move's other plan beside it."""
+    task, model = small_task(2), load_pretrained("cpu")
+    plan = search(task, model).plan
+    built: list[int] = []
+
+    class Counted(refine.DeviceWork):
+        def __init__(self, task, plan, device, on) -> None:
+            built.append(device)
+            super().__init__(task, plan, device, on)
+
+    monkeypatch.setattr(refine, "DeviceWork", Counted)
+    timer = MeasuredRefiner(rounds=1, repeats=1)._judge_timer(task, plan, torch.device("cpu"))
+    built.clear()  # (the reference's work)
+    moved = next(c for c, _ in refine.one_move_away(task, plan, 0, [1], {}))
+    for draw in (0, 1):
+        assert set(timer(task, {"old": plan, "new": moved}, 0, draw)) == {"old", "new"}
+    assert built == [0, 0]
+    timer(task, {"new": moved}, 1, 0)
+    timer(task, {"old": plan}, 0, 0)
+    assert built == [0, 0, 1]

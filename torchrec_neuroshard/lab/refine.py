@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Callable, Collection, Mapping, Sequence
 
@@ -41,7 +42,7 @@ import numpy as np
 import torch
 
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import REFERENCE, DeviceWork, JudgeConfig, rank_correlation, time_device
+from torchrec_neuroshard.lab.judge import REFERENCE, DeviceWork, JudgeConfig, rank_correlation, time_works
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, Shard, ShardingError, ShardingKind, TableChoices, TablePlacement, Task
 
@@ -167,9 +168,11 @@ class MeasuredRefiner:
         config = JudgeConfig(passes=1, draws=1, rounds=self.rounds, repeats=self.repeats)
         reference = _reference(task, plan, draws[0], on) if self.steady else ()
         level: list[float] = []  # the reference's first median: every time is steadied to it
+        built = _BuiltWork(task, on)
 
         def timer(task: Task, plans: Mapping[str, Plan], device: int, draw: int) -> dict[str, float]:
-            rows = time_device(task, plans, device, [draws[draw]], config, on=on, reference=reference)  # a row per plan
+            work = {name: built(plan, device) for name, plan in plans.items()}
+            rows = time_works(work, device, [draws[draw]], config, reference=reference)  # a row per plan
             steadier = next((np.asarray(r["fused_ms"]) for r in rows if r["planner"] == REFERENCE), None)  # [rounds]
             if steadier is not None and not level:
                 level.append(float(np.median(steadier)))
@@ -183,6 +186,25 @@ class MeasuredRefiner:
             return ms
 
         return timer
+
+
+class _BuiltWork:
+    """A device's work in a plan (``judge.DeviceWork``), built once for the last ``size``
+    (plan's shards there, device) asked for: a move's devices are timed draw by draw, and
+    the plan it changes is the one the last timing built."""
+
+    def __init__(self, task: Task, on: torch.device, size: int = 3) -> None:
+        self.task, self.on, self.size = task, on, size
+        self.built: OrderedDict[tuple, DeviceWork] = OrderedDict()
+
+    def __call__(self, plan: Plan, device: int) -> DeviceWork:
+        key = (device, tuple(p for p in plan.placements if device in p.devices or p.kind is ShardingKind.DATA_PARALLEL))
+        if key not in self.built:
+            while len(self.built) >= self.size:
+                self.built.popitem(last=False)  # (its memory goes before the new work takes its own)
+            self.built[key] = DeviceWork(self.task, plan, device, self.on)
+        self.built.move_to_end(key)
+        return self.built[key]
 
 
 def _reference(task: Task, plan: Plan, lookups: Mapping, on: torch.device) -> list:
@@ -258,10 +280,7 @@ def best_move(
     the plan stays valid after; None if none."""
     slow = int(np.argmax(measured))
     fasts = [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]
-    moves = [
-        (c, key) for c, key in one_move_away(task, plan, slow, fasts, choices or {})
-        if key not in tried and (key[0], key[2]) not in barred and _valid(task, c)
-    ]  # fmt: skip
+    moves = [(c, key) for c, key in one_move_away(task, plan, slow, fasts, choices or {}) if key not in tried and (key[0], key[2]) not in barred]
     if not moves:
         return None
     ratio = np.where(predicted > 0, measured / np.maximum(predicted, 1e-12), 1.0)  # [D] measured / predicted
@@ -273,8 +292,12 @@ def best_move(
     new_slow = (predicted[slow] - kernels_now[slow] + after[:, 0]) * ratio[slow]
     new_fast = (predicted[to] - np.asarray([kernels_now[f] for f in to]) + after[:, 1]) * ratio[to]
     score = np.maximum(new_slow, new_fast)  # [moves]
-    best = int(np.argmin(score))
-    return moves[best] if score[best] < measured[slow] else None
+    for best in np.argsort(score, kind="stable"):  # the best move the plan stays valid after (validated in turn: 6 ms a plan)
+        if score[best] >= measured[slow]:
+            return None
+        if _valid(task, moves[best][0]):
+            return moves[best]
+    return None
 
 
 def one_move_away(
