@@ -4,9 +4,9 @@ while the measurement says the move pays.
 
 ``MeasuredRefiner`` is what ``NeuroShardPlanner(refiner=...)`` takes (its ``PlanRefiner``):
 
-1. Every device of the plan is timed as the judge times it (``judge.time_device``: its
+1. Every device of the plan is timed as the judge times it (``judge.time_works``: its
    fused kernels and replicas, one untimed step, the median of ``repeats``, ``rounds``
-   rounds); the planner's log gets each device's predicted and measured ms. With
+   rounds; a device's work is built once for its draws of ids); the planner's log gets each device's predicted and measured ms. With
    ``steady`` (the default) a fixed piece of work (the fused kernels of the first device of
    the plan as given that has any, on the first draw) is timed in every round too, and each time is divided
    by it (times its first median), as the judge's reference steadies a run: devices timed
