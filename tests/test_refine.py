@@ -273,3 +273,15 @@ def test_a_devices_work_is_built_once_for_its_draws(monkeypatch) -> None:
     timer(task, {"new": moved}, 1, 0)
     timer(task, {"old": plan}, 0, 0)
     assert built == [0, 0, 1]
+
+
+def test_a_move_predicted_to_pay_less_than_the_margin_is_not_tried() -> None:
+    """The refiner keeps a move only when it pays by its margin, so a move its corrected
+    model says pays less is not worth a timing: with a margin above every move's predicted
+    gain, best_move offers none; with none, it offers one."""
+    task, model = small_task(2), load_pretrained("cpu")
+    plan = search(task, model).plan
+    predicted = device_compute(model, task, plan)
+    measured = predicted * np.asarray([1.2, 1.0])  # device 0 slowest: no move leaves less than the two devices' mean, about 0.88 of it
+    assert best_move(model, task, plan, predicted, measured, 1, set(), margin=0.0) is not None
+    assert best_move(model, task, plan, predicted, measured, 1, set(), margin=0.2) is None

@@ -15,15 +15,16 @@ while the measurement says the move pays.
    moves off the slowest measured device to one of the ``targets`` least-measured ones (a
    table-wise or column shard moved whole, or, where the table's ``choices`` allow columns
    that narrow, its widest shard there halved and one half moved), the one whose corrected
-   prediction leaves the two devices least is tried, draw of ids by draw: the old and the
-   new plan's work on the slow device timed interleaved, round by round, then (where the
-   new plan pays there) the new plan's on the target. It is kept when on every one of ``draws`` draws the slower of the
-   two new devices beats the old slowest by ``margin`` (one draw's ids move a device's time
-   by up to 20%, more than the margin), so the first timing it fails ends the move's. A
+   prediction leaves the two devices least, where that beats the slowest by ``margin``, is
+   tried, draw of ids by draw: the old and the new plan's work on the slow device timed
+   interleaved, round by round, then (where the new plan pays there) the new plan's on the
+   target. It is kept when on every one of ``draws`` draws the slower of the two new
+   devices beats the old slowest by ``margin`` (one draw's ids move a device's time by up
+   to 20%, more than the margin), so the first timing it fails ends the move's. A
    move not kept is not tried again, nor is a kept one undone: no shard of its table moves
    back to the device it left, directly or round a cycle of devices. The devices timed
    keep their newer measurement.
-3. Until no move is predicted to pay, or ``seconds`` (or the planner's ``timeout_seconds``)
+3. Until no move is predicted to pay by the margin, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
 It measures where the kernels run here: a CPU topology on this CPU, a cuda one where torch
@@ -122,7 +123,7 @@ class MeasuredRefiner:
         barred: set[tuple[str, int]] = set()  # (table, device): a kept move took the table off it, never to return
         kept = 0
         while time.perf_counter() < stop:
-            move = best_move(model, task, plan, predicted, measured, self.targets, tried, choices or {}, barred)
+            move = best_move(model, task, plan, predicted, measured, self.targets, tried, choices or {}, barred, self.margin)
             if move is None:
                 break
             candidate, (table, slow, fast, columns) = move
@@ -272,12 +273,14 @@ def best_move(
     tried: set,
     choices: Mapping[str, TableChoices] | None = None,
     barred: Collection[tuple[str, int]] = (),
+    margin: float = 0.0,
 ) -> tuple[Plan, Move] | None:
     """(plan, move) of the move off the slowest measured device (``one_move_away``; none in
     ``tried``, nor of a table to a device ``barred`` pairs it with) whose prediction
     (``predicted`` [D], the plan's compute), corrected per device by measured / predicted,
-    leaves the two devices least, if that is below the slowest's measured ms, of the moves
-    the plan stays valid after; None if none."""
+    leaves the two devices least, if that is below the slowest's measured ms less ``margin``
+    of it (what the move must pay by to be kept), of the moves the plan stays valid after;
+    None if none."""
     slow = int(np.argmax(measured))
     fasts = [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]
     moves = [(c, key) for c, key in one_move_away(task, plan, slow, fasts, choices or {}) if key not in tried and (key[0], key[2]) not in barred]
@@ -293,7 +296,7 @@ def best_move(
     new_fast = (predicted[to] - np.asarray([kernels_now[f] for f in to]) + after[:, 1]) * ratio[to]
     score = np.maximum(new_slow, new_fast)  # [moves]
     for best in np.argsort(score, kind="stable"):  # the best move the plan stays valid after (validated in turn: 6 ms a plan)
-        if score[best] >= measured[slow]:
+        if score[best] >= measured[slow] * (1 - margin):
             return None
         if _valid(task, moves[best][0]):
             return moves[best]
