@@ -170,7 +170,7 @@ def _time_set(
 ) -> list[dict]:
     """``time_device``'s rounds over one set of plans built together."""
     work = {name: DeviceWork(task, plan, device, on) for name, plan in plans.items()}
-    return time_works(work, device, draws, config, rotation, set_id, reference)
+    return time_works(work, device, draws, config, rotation, on, set_id, reference)
 
 
 def time_works(
@@ -179,12 +179,12 @@ def time_works(
     draws: Sequence[Mapping[str, Lookups]],
     config: JudgeConfig,
     rotation: int = 0,
+    on: torch.device = CPU,
     set_id: int = 0,
     reference: Sequence[Step] = (),
 ) -> list[dict]:
-    """``time_device``'s rounds over plans' work on ``device`` already built (``DeviceWork``,
-    all on one torch device), rows as there."""
-    on = next(iter(work.values())).on
+    """``time_device``'s rounds over plans' work on ``device`` already built on ``on``
+    (``DeviceWork``), rows as there."""
     names, rows = list(work) + ([REFERENCE] if reference else []), []
     for draw, lookups in enumerate(draws):
         steps = {name: w.steps(lookups) for name, w in work.items()} | ({REFERENCE: (list(reference), [])} if reference else {})

@@ -173,7 +173,7 @@ class MeasuredRefiner:
 
         def timer(task: Task, plans: Mapping[str, Plan], device: int, draw: int) -> dict[str, float]:
             work = {name: built(plan, device) for name, plan in plans.items()}
-            rows = time_works(work, device, [draws[draw]], config, reference=reference)  # a row per plan
+            rows = time_works(work, device, [draws[draw]], config, on=on, reference=reference)  # a row per plan
             steadier = next((np.asarray(r["fused_ms"]) for r in rows if r["planner"] == REFERENCE), None)  # [rounds]
             if steadier is not None and not level:
                 level.append(float(np.median(steadier)))
@@ -219,7 +219,7 @@ def _reference(task: Task, plan: Plan, lookups: Mapping, on: torch.device) -> li
     return []
 
 
-def _ms(by_draw: np.ndarray) -> str:
+def _ms(by_draw: Sequence[float]) -> str:
     return "/".join(f"{x:.2f}" for x in by_draw)
 
 
