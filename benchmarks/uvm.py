@@ -2,9 +2,11 @@
 
     python -m benchmarks.uvm                       # both planners, 48 tables a task
     python -m benchmarks.uvm --speed --tables 856  # NeuroShard's planning time alone
+    python -m benchmarks.uvm --training-pool       # the same on pool 0, as run before 2026-12-02
 
-Five tasks from the full-size pool (``generate_task`` on ``synthetic_pool``, rows as in
-the pool, global batch 65,536; ``--tables`` each) on D = 8, 16, 64 cuda ranks (8 per host),
+Five tasks, each from its own held-out pool (``HELD_OUT_POOLS``: no training kernel came
+from it; ``generate_task`` on ``synthetic_pool``, rows as in the pool, global batch 65,536;
+``--tables`` each) on D = 8, 16, 64 cuda ranks (8 per host),
 each rank's HBM set to send 10-90% of the tables' bytes (as TorchRec counts them, fused)
 to host memory, and host memory of all the bytes per rank. Both planners plan the same
 meta-device model with its pooling factors as constraints and no storage reservation:
@@ -22,7 +24,8 @@ Every plan is priced two ways, both PREDICTIONS:
   kernels measured on an H200 (``uvmcost.UvmPricedModel``).
 
 Each is the objective one planner minimised, so neither judges the plans; the GPU
-measurement of both plans' compute does (``benchmarks.uvm_gpu``). Writes ``results/uvm.jsonl`` and ``results/uvm.md``.
+measurement of both plans' compute does (``benchmarks.uvm_gpu``). Writes ``results/uvm.jsonl``
+and ``results/uvm.md`` (with ``--training-pool``: ``uvm_pool0.*``; ``--speed``: ``uvm_speed_<tables>[_pool0].md``).
 """
 
 from __future__ import annotations
@@ -35,9 +38,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
+
 HERE = Path(__file__).parent
 TASKS = ((8, 1, 0.5), (8, 4, 0.9), (16, 2, 0.3), (16, 5, 0.7), (64, 3, 0.1))
 """(devices, seed, share of the bytes the HBM cap sends to host memory)."""
+HELD_OUT_POOLS = HELD_OUT_POOL_SEEDS[: len(TASKS)]
+"""The pool seed each task's tables are drawn from (task k: ``HELD_OUT_POOLS[k]``)."""
 SCALEUP_START = 0.1
 """The load factor ``EmbeddingOffloadScaleupProposer`` scales every cache up from (its tests' own)."""
 
@@ -138,22 +145,35 @@ def torchrec_plans(task, topology, constraints, per_rank: int, module) -> dict[s
     return out
 
 
-def run_one(devices: int, seed: int, to_host: float, tables: int) -> dict:
+def pool_seeds(training_pool: bool) -> tuple[int, ...]:
+    """Each task's pool seed: its held-out pool, or pool 0 (the training pool) for every task."""
+    return (0,) * len(TASKS) if training_pool else HELD_OUT_POOLS
+
+
+def uvm_task(devices: int, seed: int, tables: int, pool_seed: int):
+    """``tables`` full-size tables of pool ``pool_seed`` (drawn by ``seed``) on ``devices`` ranks."""
+    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+
+    return generate_task(synthetic_pool(seed=pool_seed), tables, devices, WorkloadScale(1, 65_536), seed=seed)
+
+
+def run_one(devices: int, seed: int, to_host: float, tables: int, pool_seed: int) -> dict:
     """Every planner on one task: each plan (TorchRec's three ways, ``torchrec_plans``, and
     ours), its kernels, host bytes and planning time, and each plan priced by TorchRec's
     estimator (without and with the cache statistics) and by our model."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
     from torchrec_neuroshard.planner import NeuroShardPlanner
     from torchrec_neuroshard.search import predicted_breakdown
     from torchrec_neuroshard.sharding import from_torchrec
     from torchrec_neuroshard.tables import module_for_tables
 
-    task = generate_task(synthetic_pool(), tables, devices, WorkloadScale(1, 65_536), seed=seed)
+    task = uvm_task(devices, seed, tables, pool_seed)
     topology, constraints, per_rank = setting(task, to_host)
     module = module_for_tables(task.tables)
-    row: dict = {"devices": devices, "tables": tables, "seed": seed, "to_host": to_host, "hbm_cap": topology.devices[0].storage.hbm}
+    row: dict = {
+        "pool_seed": pool_seed, "devices": devices, "tables": tables, "seed": seed, "to_host": to_host, "hbm_cap": topology.devices[0].storage.hbm,
+    }  # fmt: skip
     theirs = torchrec_plans(task, topology, constraints, per_rank, module)
     plans = {name: from_torchrec(plan, devices) for name, (plan, *_) in theirs.items() if plan is not None}
     row.update({f"{name}_s": secs for name, (_, secs, *_) in theirs.items()})
@@ -191,14 +211,14 @@ def _task_of(task, topology):
 
 def report(rows: list[dict]) -> str:
     lines = [
-        "| D | tables | bytes to host (cap) | host GB TorchRec / ours | planning s TorchRec / ours | TorchRec plan | our plan "
+        "| pool | D | tables | bytes to host (cap) | host GB TorchRec / ours | planning s TorchRec / ours | TorchRec plan | our plan "
         "| TorchRec estimator: TorchRec / ours ms | our model + UVM pricing: TorchRec / ours ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         kernels = {k: _kernels(r, k) for k in ("torchrec", "neuroshard")}
         lines.append(
-            f"| {r['devices']} | {r['tables']} | {r['to_host']:.0%} "
+            f"| {r.get('pool_seed', 0)} | {r['devices']} | {r['tables']} | {r['to_host']:.0%} "
             f"| {r['torchrec_host_bytes'] / 1e9:.1f} / {r['neuroshard_host_bytes'] / 1e9:.1f} | {r['torchrec_s']} / {r['neuroshard_s']} "
             f"| {kernels['torchrec']} | {kernels['neuroshard']} "
             f"| {r['torchrec_torchrec_ms']:.2f} / {r['neuroshard_torchrec_ms']:.2f} "
@@ -219,16 +239,16 @@ VARIANTS = ("torchrec", "torchrec-stats", "torchrec-scaleup", "neuroshard")
 def stats_report(rows: list[dict]) -> str:
     """TorchRec given the cache statistics (``torchrec_plans``) beside its default plan and ours."""
     lines = [
-        "| D | bytes to host (cap) | with statistics, default proposers | scaleup proposer | planning s | "
+        "| pool | D | bytes to host (cap) | with statistics, default proposers | scaleup proposer | planning s | "
         "TorchRec estimator given the statistics, ms | our model + UVM pricing, ms |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         same = "the same plan" if r["plans"].get("torchrec-stats") == r["plans"]["torchrec"] else _outcome(r, "torchrec-stats")
         scaleup = _outcome(r, "torchrec-scaleup")
         priced = {key: " / ".join(f"{r[f'{v}_{key}']:.2f}" if v in r["plans"] else "-" for v in VARIANTS) for key in ("torchrec_stats_ms", "ours_ms")}
         lines.append(
-            f"| {r['devices']} | {r['to_host']:.0%} | {same} | {scaleup} | {' / '.join(str(r[f'{v}_s']) for v in VARIANTS)} "
+            f"| {r.get('pool_seed', 0)} | {r['devices']} | {r['to_host']:.0%} | {same} | {scaleup} | {' / '.join(str(r[f'{v}_s']) for v in VARIANTS)} "
             f"| {priced['torchrec_stats_ms']} | {priced['ours_ms']} |"
         )
     return "\n".join(lines)
@@ -248,7 +268,7 @@ REFERENCE_HBM = 1.05
 hold every table whole and some go to host memory (set 1.0: the error says how many)."""
 
 
-def planning_speed(tables: int, repeats: int) -> str:
+def planning_speed(tables: int, repeats: int, training_pool: bool = False) -> str:
     """NeuroShard alone on the tasks at ``tables`` tables, each planned ``repeats`` times:
     median and range of wall and CPU seconds of ``plan`` (the module built before the clock
     starts), tables sent to host memory, predicted step; and, for reference, the wall seconds
@@ -256,15 +276,13 @@ def planning_speed(tables: int, repeats: int) -> str:
     table in host memory: no offload stage), planned in turn with them."""
     import torch
 
-    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
-
     torch.set_num_threads(1)
     lines = [
-        f"| D | tables | bytes to host (cap) | wall s | CPU s | tables in host memory | predicted step ms | HBM for {REFERENCE_HBM:.0%} of the bytes, no offload: wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| pool | D | tables | bytes to host (cap) | wall s | CPU s | tables in host memory | predicted step ms | HBM for {REFERENCE_HBM:.0%} of the bytes, no offload: wall s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for devices, seed, to_host in TASKS:
-        task = generate_task(synthetic_pool(), tables, devices, WorkloadScale(1, 65_536), seed=seed)
+    for (devices, seed, to_host), pool_seed in zip(TASKS, pool_seeds(training_pool)):
+        task = uvm_task(devices, seed, tables, pool_seed)
         walls, cpus, in_hbm = [], [], []
         for _ in range(repeats):
             wall, cpu, planner = _timed_plan(task, to_host)
@@ -273,7 +291,7 @@ def planning_speed(tables: int, repeats: int) -> str:
             in_hbm.append(_reference_plan_s(task))
         step = planner.search_result_.predicted_cost_ms if planner.search_result_ else float("nan")
         lines.append(
-            f"| {devices} | {tables} | {to_host:.0%} | {median_range(walls)} | {median_range(cpus)} | {len(planner.plan_.offloaded())} "
+            f"| {pool_seed} | {devices} | {tables} | {to_host:.0%} | {median_range(walls)} | {median_range(cpus)} | {len(planner.plan_.offloaded())} "
             f"| {step:.2f} | {median_range(in_hbm)} |"
         )
         print(lines[-1], flush=True)
@@ -319,33 +337,38 @@ def _timed_plan(task, to_host: float):
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tables", type=int, default=48, help="tables per task, drawn from the full-size pool")
-    p.add_argument("--out", type=Path, default=HERE / "results" / "uvm.jsonl")
-    p.add_argument("--speed", action="store_true", help="time NeuroShard alone; writes results/uvm_speed_<tables>.md")
+    p.add_argument("--training-pool", action="store_true", help="every task from pool 0, the training pool (the runs before 2026-12-02)")
+    p.add_argument("--out", type=Path, help="the rows (default results/uvm.jsonl, or uvm_pool0.jsonl with --training-pool)")
+    p.add_argument("--speed", action="store_true", help="time NeuroShard alone; writes results/uvm_speed_<tables>[_pool0].md")
     p.add_argument("--repeats", type=int, default=3, help="with --speed: plans of each task timed (median, range)")
     args = p.parse_args(argv)
+    suffix = "_pool0" if args.training_pool else ""
+    pools = "pool 0, the TRAINING pool" if args.training_pool else f"held-out pools {', '.join(map(str, HELD_OUT_POOLS))}, one a task"
+    command = f"python -m benchmarks.uvm{' --training-pool' if args.training_pool else ''}"
     logging.disable(logging.WARNING)  # TorchRec's topology warning, once per plan
     if args.speed:
         text = (
-            f"# Planning models beyond HBM: NeuroShard's time\n\n`python -m benchmarks.uvm --speed --tables {args.tables}` "
-            f"({time.strftime('%Y-%m-%d')}, one thread of this 2-core machine; median (range) of {args.repeats} plans of each "
-            "task, each beside the reference in turn)\n\n" + planning_speed(args.tables, args.repeats) + "\n"
+            f"# Planning models beyond HBM: NeuroShard's time\n\n`{command} --speed --tables {args.tables}` "
+            f"({time.strftime('%Y-%m-%d')}, {pools}; one thread of this 2-core machine; median (range) of {args.repeats} plans of each "
+            "task, each beside the reference in turn)\n\n" + planning_speed(args.tables, args.repeats, args.training_pool) + "\n"
         )
-        (HERE / "results" / f"uvm_speed_{args.tables}.md").write_text(text)
+        (HERE / "results" / f"uvm_speed_{args.tables}{suffix}.md").write_text(text)
         return
+    out = args.out or HERE / "results" / f"uvm{suffix}.jsonl"
     rows = []
-    for devices, seed, to_host in TASKS:
-        rows.append(run_one(devices, seed, to_host, args.tables))
+    for (devices, seed, to_host), pool_seed in zip(TASKS, pool_seeds(args.training_pool)):
+        rows.append(run_one(devices, seed, to_host, args.tables, pool_seed))
         print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("task", "plans")}), flush=True)
-    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = (
         "# Models beyond HBM: NeuroShard vs TorchRec with UVM kernels (PREDICTED)\n\n"
-        f"`python -m benchmarks.uvm --tables {args.tables}` ({time.strftime('%Y-%m-%d')}). Every ms below is a "
+        f"`{command} --tables {args.tables}` ({time.strftime('%Y-%m-%d')}; {pools}). Every ms below is a "
         "PREDICTION, by TorchRec's analytic estimator or by our neural model with the shipped UVM pricing "
         "(`torchrec_neuroshard/uvmcost.py`); each is the objective one of the planners minimised. Ratios in "
         "parentheses: ours / TorchRec's plan. Planning times on this 2-core machine, one run each.\n\n"
         + body(rows) + "\n"
     )
-    (HERE / "results" / "uvm.md").write_text(text)
+    (HERE / "results" / f"uvm{suffix}.md").write_text(text)
     print(text)
 
 

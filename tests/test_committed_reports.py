@@ -7,7 +7,7 @@ Not re-rendered here, and why:
   or fine-tune models on the datasets under lab/data (minutes) and time noise floors; no rows.
 - device_kernels.md: it scores model files (runs/cand_raw.pt, runs/cpu_devices.pt) that were
   not kept.
-- search_speed.md, search_speed_hosts.md, search_speed_modules8.md, uvm_speed_856.md: timings
+- search_speed.md, search_speed_hosts.md, search_speed_modules8.md, uvm_speed_856_pool0.md: timings
   written as measured; no rows are kept.
 - batch_curve.md's runs/cpu_before.pt column: that model is in git history only (c2c8594);
   the shipped model's columns are checked.
@@ -32,11 +32,11 @@ STEP_SUITES = ("step_suite_batchnet", "step_suite_calibrated")
 RENDERED = {
     *(f"{n}.md" for n in (*DMP_STEP, *STEP_SUITES)),
     *("batch_curve.md", "fullsize.md", "gpu_compute.md", "scale.md", "search_speed_full.md"),
-    *("uvm.md", "uvm_gpu.md", "validate_evaluator.md", "vs_torchrec_objective.md"),
+    *("uvm.md", "uvm_pool0.md", "uvm_gpu.md", "validate_evaluator.md", "vs_torchrec_objective.md"),
 }
 NOT_RENDERED = {
     *("costmodel.md", "costmodel_h200.md", "costmodel_one_session.md", "transfer.md", "device_kernels.md"),
-    *("search_speed.md", "search_speed_hosts.md", "search_speed_modules8.md", "uvm_speed_856.md"),
+    *("search_speed.md", "search_speed_hosts.md", "search_speed_modules8.md", "uvm_speed_856_pool0.md"),
 }
 
 
@@ -86,6 +86,7 @@ def test_planning_reports() -> None:
     assert_in_report("fullsize.md", fullsize.report(read_rows(RESULTS / "fullsize.jsonl")))
     assert_in_report("search_speed_full.md", search_speed_report.report(read_rows(RESULTS / "search_speed_full.jsonl")))
     assert_in_report("uvm.md", uvm.body(read_rows(RESULTS / "uvm.jsonl")))
+    assert_in_report("uvm_pool0.md", uvm.body(read_rows(RESULTS / "uvm_pool0.jsonl")))
     assert_in_report("vs_torchrec_objective.md", vs_torchrec_objective.report(read_rows(RESULTS / "vs_torchrec_objective.jsonl")))
 
 

@@ -116,3 +116,22 @@ def test_a_kept_plan_is_the_last_plan_under_a_new_name_with_its_model_named(tmp_
     kept = latest_plans(read_rows(path), 2, 8)["neuroshard_before"]
     assert kept["plan"] == {"p": 1} and kept["model"] == "shipped cpu.pt of sha256 abc"
     assert kept["note"] == "7 states; neuroshard's plan, kept"
+
+
+def test_the_uvm_benchmarks_plan_each_task_on_its_own_held_out_pool_and_pool_0_only_when_asked() -> None:
+    import gzip
+    import json
+
+    from benchmarks import uvm, uvm_gpu
+    from torchrec_neuroshard.lab.collect import read_rows
+
+    assert set(uvm.pool_seeds(False)) <= set(HELD_OUT_POOL_SEEDS) and len(set(uvm.pool_seeds(False))) == len(uvm.TASKS)
+    assert uvm.pool_seeds(True) == (0,) * len(uvm.TASKS)
+    rows = read_rows(uvm.HERE / "results" / "uvm.jsonl")
+    assert [r["pool_seed"] for r in rows] == list(uvm.HELD_OUT_POOLS)
+    (devices, seed, _), pool_seed = uvm.TASKS[0], uvm.HELD_OUT_POOLS[0]
+    drawn = {(t.name, t.rows) for t in uvm.uvm_task(devices, seed, rows[0]["tables"], pool_seed).tables}
+    assert {(t["name"], t["rows"]) for t in rows[0]["task"]["tables"]} == drawn  # the committed rows are that pool's tables
+    assert drawn != {(t.name, t.rows) for t in uvm.uvm_task(devices, seed, rows[0]["tables"], 0).tables}
+    entries = json.loads(gzip.open(uvm_gpu.PLANS, "rt").read())
+    assert [e["pool_seed"] for e in entries] == list(uvm.HELD_OUT_POOLS)

@@ -14,8 +14,8 @@ carry=[".gpu"], timeout_s=600)``, after ``python -m benchmarks.gpu.bundle`` here
    ``$OUT/scale_full_measured.jsonl``, devices already given back (committed as
    ``benchmarks/results/scale_full_measured.jsonl.gz``) skipped. It gets the budget less
    what unpacking took and ``--leftovers-s``;
-3. issue 27's leftovers: ``benchmarks.uvm_gpu measure`` (the stored UVM plans; neuroshard-room
-   and torchrec-scaleup were never measured) as the next session, and
+3. ``benchmarks.uvm_gpu measure``: the stored UVM plans of the held-out tasks (planned
+   2026-12-02; pool 0's were measured in sessions 1-2 and are kept as such) as the next session, and
    ``tests/test_uvm_dmp_gpu.py`` (a plan with UVM kernels through DMP on one GPU).
 
 Each step's output goes to ``$OUT/<step>.log``, and ``$OUT/session.json`` says how each
