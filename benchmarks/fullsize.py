@@ -1,10 +1,12 @@
 """Full-size planning on GPU topologies: every planner as its users run it, timed.
 
-    python -m benchmarks.fullsize --devices 8 16 32 64 128
+    python -m benchmarks.fullsize --devices 8 16 32 64 128 --pool-seed 2
 
-The synthetic 856-table pool at FULL size (rows as in the pool, global batch 65,536, each
+A synthetic 856-table pool at FULL size (rows as in the pool, global batch 65,536, each
 table at a random width; ``generate_task`` seed 0, the same tables for every D: 652 GB as
-TorchRec counts it) on D-GPU cuda topologies, 8 GPUs per host, each GPU with ``--hbm-gb``
+TorchRec counts it on pool 0) on D-GPU cuda topologies; ``--pool-seed``: a held-out pool
+(``HELD_OUT_POOL_SEEDS``, the default 2) or 0, the training pool of the rows before
+2026-12-02 (rows without a ``pool_seed``), 8 GPUs per host, each GPU with ``--hbm-gb``
 of memory (default an H200's 141 GB). Per D and planner: planning time on this machine
 (one thread), the plan's sharding kinds and compute kernels, and whether it fits.
 
@@ -40,10 +42,10 @@ from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.torchrec_baseline import run_torchrec, topology_for as torchrec_topology
-from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, WorkloadScale, generate_task, synthetic_pool
+from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, HELD_OUT_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import predicted_breakdown, search
 from torchrec_neuroshard.sharding import from_torchrec
-from torchrec_neuroshard.types import Plan, Task
+from torchrec_neuroshard.types import Links, Plan, ShardingError, Task
 from torchrec_neuroshard.uvmcost import UvmPricedModel, UvmPricing
 
 HERE = Path(__file__).parent
@@ -54,10 +56,10 @@ TORCHREC_CONFIGS = {"torchrec_timeout": "default", "torchrec_dp": "dynamic_progr
 PLANNERS = ("neuroshard", *TORCHREC_CONFIGS, *BASELINES)
 
 
-def full_size_task(num_devices: int, hbm_bytes: int | None = None, seed: int = 0) -> Task:
-    """The full-size pool on ``num_devices`` GPUs, each with ``hbm_bytes`` (default the
-    task generator's cap: 1.3 x an even share of the bytes)."""
-    task = generate_task(synthetic_pool(), DLRM_NUM_TABLES, num_devices, FULL_SIZE, seed=seed)
+def full_size_task(num_devices: int, hbm_bytes: int | None = None, seed: int = 0, pool_seed: int = 0) -> Task:
+    """Pool ``pool_seed`` at full size on ``num_devices`` GPUs, each with ``hbm_bytes``
+    (default the task generator's cap: 1.3 x an even share of the bytes)."""
+    task = generate_task(synthetic_pool(seed=pool_seed), DLRM_NUM_TABLES, num_devices, FULL_SIZE, seed=seed)
     return task if hbm_bytes is None else dataclasses.replace(task, memory_cap_bytes=hbm_bytes)
 
 
@@ -100,56 +102,75 @@ def as_planned(task, model, plan, topology):
     return task, UvmPricedModel(model, UvmPricing.shipped(), task.batch_size)
 
 
-def run_one(num_devices: int, hbm_bytes: int, torchrec_timeout: int, out: Path) -> None:
-    task = full_size_task(num_devices, hbm_bytes)
+def run_one(num_devices: int, hbm_bytes: int, torchrec_timeout: int, out: Path, pool_seed: int) -> None:
+    task = full_size_task(num_devices, hbm_bytes, pool_seed=pool_seed)
     model = cost_model_for(topology_for(task), load_pretrained("h200")).with_batch_size(task.batch_size)
     for name in PLANNERS:
-        row = {"devices": num_devices, "tables": len(task.tables), "planner": name, "cap_bytes": task.memory_cap_bytes}
+        row = {"pool_seed": pool_seed, "devices": num_devices, "tables": len(task.tables), "planner": name, "cap_bytes": task.memory_cap_bytes}
         t0 = time.perf_counter()
         try:
             plan, about = plan_with(name, task, model, torchrec_timeout)
-            row["planning_s"] = round(time.perf_counter() - t0, 2)
-            planned, priced = as_planned(task, model, plan, topology_for(task))
-            plan.validate(planned)  # memory as TorchRec counts it; raises with the shortfall
-            cost, devices = predicted_breakdown(priced, planned, plan)
-            row.update(
-                status="ok", predicted_ms=cost, **about,
-                kinds=dict(Counter(p.kind.value for p in plan.placements)),
-                peak_bytes=max(plan.device_memory(task.tables, task.batch_size)),
-                max_shards_per_device=max(len(s) for s in plan.device_shards(task.tables)),
-            )  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a planner failing (TorchRec's PlannerError included) is a result
-            row.setdefault("planning_s", round(time.perf_counter() - t0, 2))
-            row["status"] = f"no plan: {type(e).__name__}: {str(e)[:300]}"
+            row.update(planning_s=round(time.perf_counter() - t0, 2), status=f"no plan: {type(e).__name__}: {str(e)[:300]}")
+        else:
+            row.update(planning_s=round(time.perf_counter() - t0, 2), **priced_row(task, model, plan, about))
         print(json.dumps(row), flush=True)
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
 
 
+def priced_row(task: Task, model, plan: Plan, about: dict) -> dict:
+    """What a row says of a plan made: its kinds and peak memory, whether it fits (memory as
+    TorchRec counts it: else the shortfall), and our model's step, priced on the topology's
+    links (a data-parallel table's all-reduce has no price without them); a plan our model
+    cannot price is still a plan, its row says why it has no price."""
+    topology = topology_for(task)
+    row = {
+        **about, "kinds": dict(Counter(p.kind.value for p in plan.placements)),
+        "peak_bytes": max(plan.device_memory(task.tables, task.batch_size)),
+        "max_shards_per_device": max(len(s) for s in plan.device_shards(task.tables)),
+    }  # fmt: skip
+    planned, priced = as_planned(dataclasses.replace(task, links=Links.of(topology)), model, plan, topology)
+    try:
+        plan.validate(planned)
+    except ShardingError as e:
+        return {**row, "status": f"does not fit: {str(e)[:300]}"}
+    try:
+        return {**row, "status": "ok", "predicted_ms": predicted_breakdown(priced, planned, plan)[0]}
+    except ShardingError as e:
+        return {**row, "status": "ok", "predicted_ms": None, "not_priced": str(e)[:300]}
+
+
 def report(rows: list[dict]) -> str:
     lines = [
-        "| D | planner | planning s | status | kinds | kernels | peak GB / cap GB | predicted ms (our model) | most shards on a device |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pool | D | planner | planning s | status | kinds | kernels | peak GB / cap GB | predicted ms (our model) | most shards on a device |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for d in sorted({r["devices"] for r in rows}):
-        by = {r["planner"]: r for r in rows if r["devices"] == d}
+    for seed, d in sorted({(_pool(r), r["devices"]) for r in rows}, key=lambda t: (t[0] not in HELD_OUT_POOL_SEEDS, t)):
+        by = {r["planner"]: r for r in rows if (_pool(r), r["devices"]) == (seed, d)}
         for name in PLANNERS:
             r = by.get(name)
             if r is None:
                 continue
             cap = r["cap_bytes"] / 1e9
-            if r["status"] != "ok":
-                lines.append(f"| {d} | {name} | {r['planning_s']} | {r['status']} | - | - | - / {cap:.0f} | - | - |")
+            if r["status"] != "ok" and "kinds" not in r:
+                lines.append(f"| {seed} | {d} | {name} | {r['planning_s']} | {r['status']} | - | - | - / {cap:.0f} | - | - |")
                 continue
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["kinds"].items()))
             our_kernels = {"fused": sum(v for k, v in r["kinds"].items() if k != "data_parallel"), "dense": r["kinds"].get("data_parallel", 0)}
             kernels = ", ".join(f"{k} {v}" for k, v in sorted((r.get("kernels") or our_kernels).items()) if v)
             note = r["note"] if r["note"] != "ok" else ""  # rows of 2026-11-27 wrote TorchRec's "ok" as a note
+            predicted = "not priced: " + r["not_priced"] if r.get("predicted_ms") is None else f"{r['predicted_ms']:.2f}"
             lines.append(
-                f"| {d} | {name} | {r['planning_s']} | ok{'; ' + note if note else ''} | {kinds} | {kernels} "
-                f"| {r['peak_bytes'] / 1e9:.1f} / {cap:.0f} | {r['predicted_ms']:.2f} | {r['max_shards_per_device']} |"
+                f"| {seed} | {d} | {name} | {r['planning_s']} | {r['status']}{'; ' + note if note else ''} | {kinds} | {kernels} "
+                f"| {r['peak_bytes'] / 1e9:.1f} / {cap:.0f} | {predicted} | {r['max_shards_per_device']} |"
             )
     return "\n".join(lines)
+
+
+def _pool(row: dict) -> int:
+    """A row's pool seed; the rows before 2026-12-02 carry none and are pool 0's."""
+    return row.get("pool_seed", 0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -157,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32, 64, 128])
     p.add_argument("--hbm-gb", type=float, default=141.0, help="memory per GPU, GB (H200 141, H100 80)")
     p.add_argument("--torchrec-timeout", type=int, default=300, help="TorchRec's own timeout_seconds")
+    p.add_argument("--pool-seed", type=int, default=HELD_OUT_POOL_SEEDS[0], help="the pool's seed (0: the training pool)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "fullsize.jsonl")
     p.add_argument("--report-only", action="store_true", help="print the table of the rows in --out")
     args = p.parse_args(argv)
@@ -164,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)
         with threadpool_limits(limits=1):
             for d in args.devices:
-                run_one(d, int(args.hbm_gb * 1e9), args.torchrec_timeout, args.out)
+                run_one(d, int(args.hbm_gb * 1e9), args.torchrec_timeout, args.out, args.pool_seed)
     print(
         f"Planning times on this machine ({local_hardware('cpu').describe()}, one thread). predicted_ms: "
         f"NeuroShard's own H200 model ({load_pretrained('h200').hardware.describe()}) + alpha-beta comm, not a measurement.\n"

@@ -74,3 +74,24 @@ def test_a_plan_on_uvm_kernels_is_checked_in_host_memory_and_priced_with_the_sta
     planned, priced = as_planned(task, model, uvm, topology)
     uvm.validate(planned)
     assert predicted_breakdown(priced, planned, uvm)[0] > predicted_breakdown(model, task, fused)[0]
+
+
+def test_a_plan_with_replicas_is_priced_on_the_topologys_links_and_never_reported_as_no_plan() -> None:
+    import dataclasses
+
+    from benchmarks.fullsize import priced_row
+    from torchrec_neuroshard.costmodel import cost_model_for, load_pretrained
+    from torchrec_neuroshard.heuristics import baseline_plan
+    from torchrec_neuroshard.lab.torchrec_baseline import topology_for
+    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
+    from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
+
+    task = generate_task(synthetic_pool(seed=2), 24, 8, WorkloadScale(1, 65_536), seed=0)
+    model = cost_model_for(topology_for(task, "cuda", 8), load_pretrained("h200")).with_batch_size(task.batch_size)
+    whole = baseline_plan("size", task)
+    small = min(task.tables, key=lambda t: t.rows).name
+    replicated = Plan(tuple(p if p.table != small else TablePlacement(small, kind=ShardingKind.DATA_PARALLEL) for p in whole.placements), 8)
+    row = priced_row(task, model, replicated, {"note": ""})  # the task itself carries no links
+    assert row["status"] == "ok" and row["predicted_ms"] > 0 and row["kinds"]["data_parallel"] == 1
+    tight = dataclasses.replace(task, memory_cap_bytes=1)
+    assert priced_row(tight, model, whole, {"note": ""})["status"].startswith("does not fit")
