@@ -160,12 +160,19 @@ def report(rows: list[dict]) -> str:
             our_kernels = {"fused": sum(v for k, v in r["kinds"].items() if k != "data_parallel"), "dense": r["kinds"].get("data_parallel", 0)}
             kernels = ", ".join(f"{k} {v}" for k, v in sorted((r.get("kernels") or our_kernels).items()) if v)
             note = r["note"] if r["note"] != "ok" else ""  # rows of 2026-11-27 wrote TorchRec's "ok" as a note
-            predicted = "not priced: " + r["not_priced"] if r.get("predicted_ms") is None else f"{r['predicted_ms']:.2f}"
+            predicted = _predicted_cell(r)
             lines.append(
                 f"| {seed} | {d} | {name} | {r['planning_s']} | {r['status']}{'; ' + note if note else ''} | {kinds} | {kernels} "
                 f"| {r['peak_bytes'] / 1e9:.1f} / {cap:.0f} | {predicted} | {r['max_shards_per_device']} |"
             )
     return "\n".join(lines)
+
+
+def _predicted_cell(row: dict) -> str:
+    """A row's predicted ms, why our model gave it none, or "-" for a plan that does not fit."""
+    if row.get("predicted_ms") is not None:
+        return f"{row['predicted_ms']:.2f}"
+    return "not priced: " + row["not_priced"] if "not_priced" in row else "-"
 
 
 def _pool(row: dict) -> int:

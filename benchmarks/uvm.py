@@ -38,7 +38,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
+from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
 
 HERE = Path(__file__).parent
 TASKS = ((8, 1, 0.5), (8, 4, 0.9), (16, 2, 0.3), (16, 5, 0.7), (64, 3, 0.1))
@@ -152,8 +152,6 @@ def pool_seeds(training_pool: bool) -> tuple[int, ...]:
 
 def uvm_task(devices: int, seed: int, tables: int, pool_seed: int):
     """``tables`` full-size tables of pool ``pool_seed`` (drawn by ``seed``) on ``devices`` ranks."""
-    from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
-
     return generate_task(synthetic_pool(seed=pool_seed), tables, devices, WorkloadScale(1, 65_536), seed=seed)
 
 

@@ -79,7 +79,7 @@ def test_a_plan_on_uvm_kernels_is_checked_in_host_memory_and_priced_with_the_sta
 def test_a_plan_with_replicas_is_priced_on_the_topologys_links_and_never_reported_as_no_plan() -> None:
     import dataclasses
 
-    from benchmarks.fullsize import priced_row
+    from benchmarks.fullsize import priced_row, report
     from torchrec_neuroshard.costmodel import cost_model_for, load_pretrained
     from torchrec_neuroshard.heuristics import baseline_plan
     from torchrec_neuroshard.lab.torchrec_baseline import topology_for
@@ -94,4 +94,7 @@ def test_a_plan_with_replicas_is_priced_on_the_topologys_links_and_never_reporte
     row = priced_row(task, model, replicated, {"note": ""})  # the task itself carries no links
     assert row["status"] == "ok" and row["predicted_ms"] > 0 and row["kinds"]["data_parallel"] == 1
     tight = dataclasses.replace(task, memory_cap_bytes=1)
-    assert priced_row(tight, model, whole, {"note": ""})["status"].startswith("does not fit")
+    unfit = priced_row(tight, model, whole, {"note": ""})
+    assert unfit["status"].startswith("does not fit")
+    shown = report([{"pool_seed": 2, "devices": 8, "planner": "size", "cap_bytes": 1, "planning_s": 0.01, **unfit}])
+    assert "| does not fit: " in shown and shown.rstrip().endswith(f"| - | {unfit['max_shards_per_device']} |")
