@@ -15,9 +15,10 @@ from torchrec.distributed.planner import ParameterConstraints, Topology
 
 from torchrec_neuroshard import NeuroShardPlanner
 from torchrec_neuroshard.costmodel import load_pretrained
-from torchrec_neuroshard.lab import refine
+from torchrec_neuroshard.lab import refine, refine_moves
 from torchrec_neuroshard.lab.judge import REFERENCE
-from torchrec_neuroshard.lab.refine import MeasuredRefiner, best_move, device_compute
+from torchrec_neuroshard.lab.refine import MeasuredRefiner
+from torchrec_neuroshard.lab.refine_moves import best_move, device_compute
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.search import search
 from torchrec_neuroshard.tables import module_for_tables
@@ -69,7 +70,7 @@ def test_a_move_that_pays_on_one_draw_of_ids_only_is_not_kept(caplog) -> None:
     pays = dims_timer(0)
 
     def second_draw_slower(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
-        return {n: v * (1.5 if n == "new" and draw == 1 else 1.0) for n, v in pays(task, plans, device, draw).items()}
+        return {n: v * (3.0 if n == "new" and draw == 1 else 1.0) for n, v in pays(task, plans, device, draw).items()}
 
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
         assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, second_draw_slower) == plan
@@ -114,16 +115,17 @@ def weighted_dims_timer(weights: tuple[float, ...]):
     return timer
 
 
-def test_a_shard_too_heavy_to_move_whole_is_halved(caplog) -> None:
+def test_a_shard_too_heavy_to_move_whole_has_part_of_its_columns_moved(caplog) -> None:
     """Device 0 runs at 1.8x: moving table a whole makes device 1 slower (256 > 230 ms);
-    half of its columns there leaves both below (115, 192 ms), and the refiner finds it."""
+    half of its columns there leaves 115 and 192 ms, a quarter 173 and 160 ms, and the
+    refiner finds the quarter (then nothing more: a's rest to device 1 is not a move)."""
     task, plan = two_wide_tables()
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
         refined = MeasuredRefiner(seconds=30).refine_with(task, load_pretrained("cpu"), plan, weighted_dims_timer((1.8, 1.0)))
     refined.validate(task)
-    assert refined.placement("a") == TablePlacement("a", (64, 64), (0, 1), ShardingKind.COLUMN_WISE)
+    assert refined.placement("a") == TablePlacement("a", (96, 32), (0, 1), ShardingKind.COLUMN_WISE)
     assert refined.placement("b") == plan.placement("b")
-    assert "table a, 64 of its 128 columns, from device 0 to 1" in caplog.text and "128 of its 128 columns" not in caplog.text
+    assert "table a, 32 of its 128 columns, from device 0 to 1" in caplog.text and "128 of its 128 columns" not in caplog.text
 
 
 def test_a_table_whose_choices_keep_it_whole_is_never_halved() -> None:
@@ -177,7 +179,28 @@ def test_best_move_respects_memory() -> None:
     measured = predicted * np.where(np.arange(2) == slow, 10.0, 1.0)
     for cap, moves in ((max(used), False), (10 * max(used), True)):
         tight = replace(task, memory_cap_bytes=cap)
-        assert (best_move(model, tight, plan, predicted, measured, 1, set()) is not None) is moves
+        assert (best_move(model, tight, plan, predicted, measured, 1, set(), pairs=0) is not None) is moves
+    # a swap that gives the full device back fewer bytes than it takes fits where no move does
+    offered = best_move(model, replace(task, memory_cap_bytes=max(used)), plan, predicted, measured, 1, set())
+    assert offered is not None and offered[1].swapped is not None
+    offered[0].validate(replace(task, memory_cap_bytes=max(used)))
+
+
+def test_a_swap_evens_two_devices_no_single_move_can() -> None:
+    """Device 0 holds a (64 columns) and b (40), device 1 holds c (48) and d (12), every
+    device's time its column count: 104 against 60. Moving a table of device 0 whole leaves
+    a device at 104 or more, so only an exchange pays (a for c: 88 and 76; b for d: 76 and
+    88); the refiner makes one, and then no more (every further move or swap leaves a
+    device slower, or takes a table back)."""
+    base, _ = two_wide_tables()
+    widths = {"a": 64, "b": 40, "c": 48, "d": 12}
+    task = replace(base, tables=tuple(replace(base.tables[0], name=n, dim=w, feature_names=(f"f{n}",)) for n, w in widths.items()))
+    plan = Plan(tuple(TablePlacement(n, (w,), (int(n in "cd"),)) for n, w in widths.items()), 2)
+    choices = {n: TableChoices(min_width=w) for n, w in widths.items()}  # no halving
+    refined = MeasuredRefiner(seconds=30, margin=0.05).refine_with(task, load_pretrained("cpu"), plan, weighted_dims_timer((1.0, 1.0)), choices=choices)
+    assert sorted(refined.device_dims()) == [76, 88]
+    moved = {n for n in widths if refined.placement(n).devices != plan.placement(n).devices}
+    assert len(moved) == 2 and len(moved & {"a", "b"}) == 1  # one table each way
 
 
 def test_planner_refines_with_real_kernels_within_its_budget(caplog) -> None:
@@ -206,8 +229,10 @@ def test_a_kept_move_is_never_undone(caplog) -> None:
 
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
         MeasuredRefiner(seconds=5).refine_with(task, model, plan, target_ends_slowest)
-    kept = re.findall(r"table (\S+), \d+ of its \d+ columns, from device (\d+) to (\d+): .*; kept", caplog.text)
-    assert len(kept) >= 3 and not any((t, a) in {(u, d) for u, _, d in kept[i + 1 :]} for i, (t, a, _) in enumerate(kept))
+    kept = re.findall(r"table (\S+), \d+ of its \d+ columns, from device (\d+) to (\d+)(?:, with table (\S+)'s \d+ columns)?(?:, for table (\S+)'s \d+ columns back)?: .*; kept", caplog.text)
+    left = [{(t, a)} | ({(also, a)} if also else set()) | ({(back, b)} if back else set()) for t, a, b, also, back in kept]  # what each kept move took off a device
+    arrived = [{(t, b)} | ({(also, b)} if also else set()) | ({(back, a)} if back else set()) for t, a, b, also, back in kept]
+    assert len(kept) >= 3 and not any(left[i] & arrived[j] for i in range(len(kept)) for j in range(i + 1, len(kept)))
     trials = len(re.findall(r"measured refinement: table ", caplog.text))
     assert f"after {len(kept)} measured moves ({trials} tried)" in caplog.text  # the moves timed, not those barred
 
@@ -247,6 +272,8 @@ def test_refiner_refuses_nonsense() -> None:
         MeasuredRefiner(seconds=0)
     with pytest.raises(ValueError, match="MeasuredRefiner.draws is 0"):
         MeasuredRefiner(draws=0)
+    with pytest.raises(ValueError, match="MeasuredRefiner.pairs is -1"):
+        MeasuredRefiner(pairs=-1)
     with pytest.raises(ShardingError, match="PlanRefiner"):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), refiner=object())
 
@@ -266,7 +293,7 @@ def test_a_devices_work_is_built_once_for_its_draws(monkeypatch) -> None:
     monkeypatch.setattr(refine, "DeviceWork", Counted)
     timer = MeasuredRefiner(rounds=1, repeats=1)._judge_timer(task, plan, torch.device("cpu"))
     built.clear()  # (the reference's work)
-    moved = next(c for c, _ in refine.one_move_away(task, plan, 0, [1], {}))
+    moved = next(c for c, _ in refine_moves.one_move_away(task, plan, 0, [1], {}))
     for draw in (0, 1):
         assert set(timer(task, {"old": plan, "new": moved}, 0, draw)) == {"old", "new"}
     assert built == [0, 0]

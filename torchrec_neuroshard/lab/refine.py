@@ -12,17 +12,20 @@ while the measurement says the move pays.
    by it (times its first median), as the judge's reference steadies a run: devices timed
    minutes apart are then compared at one machine speed, not at the speed of their minute.
 2. Each device's measured / predicted ratio corrects the model for that device. Of the
-   moves off the slowest measured device to one of the ``targets`` least-measured ones (a
-   table-wise or column shard moved whole, or, where the table's ``choices`` allow columns
-   that narrow, its widest shard there halved and one half moved), the one whose corrected
-   prediction leaves the two devices least, where that beats the slowest by ``margin``, is
-   tried, draw of ids by draw: the old and the new plan's work on the slow device timed
+   moves off the slowest measured device to one of the ``targets`` least-measured ones
+   (``refine_moves``: a table-wise or column shard moved whole; where the table's
+   ``choices`` allow columns that narrow, a half or a quarter of its widest shard there
+   moved; two shards moved whole; or one moved whole in exchange for one of the
+   target's), the one whose
+   corrected prediction leaves the two devices least, where that beats the slowest by
+   ``margin``, is tried (where none does, the moves to every other device are looked at),
+   draw of ids by draw: the old and the new plan's work on the slow device timed
    interleaved, round by round, then (where the new plan pays there) the new plan's on the
    target. It is kept when on every one of ``draws`` draws the slower of the two new
    devices beats the old slowest by ``margin`` (one draw's ids move a device's time by up
    to 20%, more than the margin), so the first timing it fails ends the move's. A
-   move not kept is not tried again, nor is a kept one undone: no shard of its table moves
-   back to the device it left, directly or round a cycle of devices. The devices timed
+   move not kept is not tried again, nor is a kept one undone: no table moves
+   back to a device it left, directly or round a cycle of devices. The devices timed
    keep their newer measurement.
 3. Until no move is predicted to pay by the margin, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
@@ -36,24 +39,22 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
-from typing import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import REFERENCE, DeviceWork, JudgeConfig, rank_correlation, time_works
-from torchrec_neuroshard.stepcost import predict_step
-from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, Shard, ShardingError, ShardingKind, TableChoices, TablePlacement, Task
+from torchrec_neuroshard.lab.refine_moves import PAIRS, Move, best_move, device_compute
+from torchrec_neuroshard.types import CostModel, Plan, ShardingKind, TableChoices, Task
 
 logger = logging.getLogger("torchrec_neuroshard")
 
 Timer = Callable[[Task, Mapping[str, Plan], int, int], dict[str, float]]
 """(task, plans, device, draw) -> ms of each plan's work on that device on that draw of
 ids, the plans timed interleaved."""
-Move = tuple[str, int, int, int]
-"""(table, from device, to device, columns moved): a shard moved whole, or half of one."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class MeasuredRefiner:
         margin: the share by which a move's slower device must beat the old slowest.
         seed: the seed of the draws of ids.
         steady: every time steadied by a reference timed in the same rounds (see above).
+        pairs: the moves of two tables (two to one device, or an exchange) priced exactly
+            each step, the best by their tables' marginal cost (``refine_moves.pairs_away``).
     """
 
     seconds: float = 60.0
@@ -78,6 +81,7 @@ class MeasuredRefiner:
     margin: float = 0.03
     seed: int = 0
     steady: bool = True
+    pairs: int = PAIRS
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -85,6 +89,8 @@ class MeasuredRefiner:
         for name in ("draws", "rounds", "repeats", "targets"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MeasuredRefiner.{name} is {getattr(self, name)}: give at least 1")
+        if self.pairs < 0:
+            raise ValueError(f"MeasuredRefiner.pairs is {self.pairs}: give 0 (no two-table moves) or more")
         if not 0 <= self.margin < 1:
             raise ValueError(f"MeasuredRefiner.margin is {self.margin}: give a share in [0, 1)")
 
@@ -123,26 +129,39 @@ class MeasuredRefiner:
         barred: set[tuple[str, int]] = set()  # (table, device): a kept move took the table off it, never to return
         kept = 0
         while time.perf_counter() < stop:
-            move = best_move(model, task, plan, predicted, measured, self.targets, tried, choices or {}, barred, self.margin)
+            move = self._next_move(task, model, plan, predicted, measured, tried, choices or {}, barred)
             if move is None:
                 break
-            candidate, (table, slow, fast, columns) = move
-            tried.add((table, slow, fast, columns))
-            old, new, target, why = self._time_move(task, plan, candidate, timer, slow, fast, stop)
+            candidate, m = move
+            tried.add(m)
+            old, new, target, why = self._time_move(task, plan, candidate, timer, m.source, m.target, stop)
             pays = not why
             logger.info(
-                "measured refinement: table %s, %d of its %d columns, from device %d to %d: %s and %s ms against %s ms "
-                "(by draw); %s", table, columns, task.table(table).dim, slow, fast, _ms(new), _ms(target), _ms(old),
+                "measured refinement: table %s, %d of its %d columns, from device %d to %d%s: %s and %s ms against %s ms "
+                "(by draw); %s", m.table, m.columns, task.table(m.table).dim, m.source, m.target,
+                m.describe(), _ms(new), _ms(target), _ms(old),
                 "kept" if pays else f"not kept ({why})",
             )  # fmt: skip
-            measured[slow] = np.mean(new if pays else old)  # the newer measurement
+            measured[m.source] = np.mean(new if pays else old)  # the newer measurement
             if pays:
                 plan, kept = candidate, kept + 1
                 predicted = device_compute(model, task, plan)
-                measured[fast] = np.mean(target)
-                barred.add((table, slow))  # not undone, directly or round a cycle of devices
+                measured[m.target] = np.mean(target)
+                barred.update(m.leaves())  # not undone, directly or round a cycle of devices
         _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
         return plan
+
+    def _next_move(
+        self, task: Task, model: CostModel, plan: Plan, predicted: np.ndarray, measured: np.ndarray, tried: set[Move],
+        choices: Mapping[str, TableChoices], barred: set[tuple[str, int]],
+    ) -> tuple[Plan, Move] | None:
+        """``best_move`` to one of the ``targets`` least-measured devices or, where none is
+        predicted to pay by the margin, to any device."""
+        for targets in dict.fromkeys((self.targets, task.num_devices - 1)):
+            move = best_move(model, task, plan, predicted, measured, targets, tried, choices, barred, self.margin, self.pairs)
+            if move is not None:
+                return move
+        return None
 
     def _time_move(
         self, task: Task, plan: Plan, candidate: Plan, timer: Timer, slow: int, fast: int, stop: float
@@ -233,115 +252,6 @@ def _where(compute_device: str) -> torch.device | None:
     if compute_device == "cpu":
         return torch.device("cpu")
     return torch.device("cuda") if compute_device == "cuda" and torch.cuda.is_available() else None
-
-
-def device_compute(model: CostModel, task: Task, plan: Plan) -> np.ndarray:
-    """Predicted compute ms [D] of each device: its table-wise and column shards' kernels
-    (one per kind, as the judge times them) and its row blocks' and replicas' as
-    ``predict_step`` prices them."""
-    step = predict_step(model, task, plan)
-    return np.asarray([d.compute for d in step.devices])
-
-
-def _groups(task: Task, plan: Plan, device: int) -> dict[ShardingKind, list[Shard]]:
-    """The table-wise and column shards on ``device``, by kind."""
-    out: dict[ShardingKind, list[Shard]] = {}
-    for p in plan.placements:
-        if p.kind in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE):
-            table = p.spec_of(task.table(p.table))
-            out.setdefault(p.kind, []).extend(Shard(table, w) for w, d in zip(p.widths, p.devices) if d == device)
-    return out
-
-
-def _kernels_ms(model: CostModel, groups: Sequence[Mapping[ShardingKind, list[Shard]]]) -> np.ndarray:
-    """Predicted ms [N] of N devices' shard groups, each kind one kernel."""
-    lists = [(i, shards) for i, g in enumerate(groups) for shards in g.values() if shards]
-    out = np.zeros(len(groups))
-    if lists:
-        cost = np.asarray(model.compute_cost([shards for _, shards in lists]), dtype=np.float64).sum(1)  # [lists]
-        np.add.at(out, [i for i, _ in lists], cost)
-    return out
-
-
-def best_move(
-    model: CostModel,
-    task: Task,
-    plan: Plan,
-    predicted: np.ndarray,
-    measured: np.ndarray,
-    targets: int,
-    tried: set,
-    choices: Mapping[str, TableChoices] | None = None,
-    barred: Collection[tuple[str, int]] = (),
-    margin: float = 0.0,
-) -> tuple[Plan, Move] | None:
-    """(plan, move) of the move off the slowest measured device (``one_move_away``; none in
-    ``tried``, nor of a table to a device ``barred`` pairs it with) whose prediction
-    (``predicted`` [D], the plan's compute), corrected per device by measured / predicted,
-    leaves the two devices least, if that is below the slowest's measured ms less ``margin``
-    of it (what the move must pay by to be kept), of the moves the plan stays valid after;
-    None if none."""
-    slow = int(np.argmax(measured))
-    fasts = [int(d) for d in np.argsort(measured, kind="stable") if d != slow][:targets]
-    moves = [(c, key) for c, key in one_move_away(task, plan, slow, fasts, choices or {}) if key not in tried and (key[0], key[2]) not in barred]
-    if not moves:
-        return None
-    ratio = np.where(predicted > 0, measured / np.maximum(predicted, 1e-12), 1.0)  # [D] measured / predicted
-    involved = [slow, *fasts]
-    kernels_now = dict(zip(involved, _kernels_ms(model, [_groups(task, plan, d) for d in involved])))  # the devices' kernels now
-    to = np.asarray([key[2] for _, key in moves])  # [moves] each move's target
-    after = _kernels_ms(model, [_groups(task, c, d) for c, key in moves for d in (slow, key[2])]).reshape(-1, 2)  # [moves, 2]
-    # the devices' row blocks and replicas stay: what the move changes is their kernels
-    new_slow = (predicted[slow] - kernels_now[slow] + after[:, 0]) * ratio[slow]
-    new_fast = (predicted[to] - np.asarray([kernels_now[f] for f in to]) + after[:, 1]) * ratio[to]
-    score = np.maximum(new_slow, new_fast)  # [moves]
-    for best in np.argsort(score, kind="stable"):  # the best move the plan stays valid after (validated in turn: 6 ms a plan)
-        if score[best] >= measured[slow] * (1 - margin):
-            return None
-        if _valid(task, moves[best][0]):
-            return moves[best]
-    return None
-
-
-def one_move_away(
-    task: Task, plan: Plan, slow: int, fasts: Sequence[int], choices: Mapping[str, TableChoices]
-) -> list[tuple[Plan, Move]]:
-    """Every plan one move from ``plan``: for each table-wise or column-wise table with a
-    shard on ``slow`` and each of ``fasts`` holding none of it, its shards on ``slow`` moved
-    there whole, and, where its choices allow the half's width (``TableChoices.min_width``,
-    a multiple of ``WIDTH_ALIGNMENT``), its widest shard on ``slow`` halved and the second
-    half moved there (a table-wise table becomes column-wise). Memory is not checked."""
-    out: list[tuple[Plan, Move]] = []
-    for i, p in enumerate(plan.placements):
-        if p.kind not in (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE) or slow not in p.devices:
-            continue
-        j = max((k for k, d in enumerate(p.devices) if d == slow), key=lambda k: p.widths[k])  # the widest shard on slow
-        half = p.widths[j] // 2
-        split = p.widths[j] % 2 == 0 and half % WIDTH_ALIGNMENT == 0 and half >= choices.get(p.table, TableChoices()).min_width
-        for fast in (f for f in fasts if f not in p.devices):
-            whole = replace(p, devices=tuple(fast if d == slow else d for d in p.devices))
-            out.append((_with(plan, i, whole), (p.table, slow, fast, sum(w for w, d in zip(p.widths, p.devices) if d == slow))))
-            if split:
-                halved = replace(
-                    p, widths=p.widths[:j] + (half, half) + p.widths[j + 1 :], devices=p.devices[:j] + (slow, fast) + p.devices[j + 1 :],
-                    kind=ShardingKind.COLUMN_WISE,
-                )  # fmt: skip
-                out.append((_with(plan, i, halved), (p.table, slow, fast, half)))
-    return out
-
-
-def _with(plan: Plan, i: int, placement: TablePlacement) -> Plan:
-    """``plan`` with its ``i``-th placement replaced by ``placement``."""
-    return Plan(plan.placements[:i] + (placement,) + plan.placements[i + 1 :], plan.num_devices)
-
-
-def _valid(task: Task, plan: Plan) -> bool:
-    """Whether ``plan`` passes ``Plan.validate`` (every device's HBM and host memory)."""
-    try:
-        plan.validate(task)
-    except ShardingError:
-        return False
-    return True
 
 
 def _log_devices(predicted: np.ndarray, measured: np.ndarray, when: str) -> None:
