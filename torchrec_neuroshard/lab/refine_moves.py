@@ -16,10 +16,10 @@ from typing import Collection, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from torchrec_neuroshard.search.modules import MOVABLE
 from torchrec_neuroshard.stepcost import predict_step
 from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, Shard, ShardingError, ShardingKind, TableChoices, TablePlacement, Task
 
-MOVABLE = (ShardingKind.TABLE_WISE, ShardingKind.COLUMN_WISE)
 PAIRS = 64
 """Moves of two tables (a swap, or two tables to one device) priced exactly per
 ``best_move``: the best of all such pairs by their shards' marginal cost."""
@@ -149,9 +149,10 @@ def pairs_away(
     if limit < 1:
         return []
     pairs: list[tuple[float, int, int, int, bool]] = []  # (estimate, fast, a table of slow, a table of slow or fast, swapped)
+    on_slow = _marginals(model, task, plan, slow)  # {placement index: marginal ms on slow}, priced once for every target
     for fast in fasts:
-        mine = _marginals(model, task, plan, slow, [fast])  # {placement index: marginal ms on slow}
-        theirs = _marginals(model, task, plan, fast, [slow])
+        mine = {i: ms for i, ms in on_slow.items() if fast not in plan.placements[i].devices}
+        theirs = {i: ms for i, ms in _marginals(model, task, plan, fast).items() if slow not in plan.placements[i].devices}
         ours, others = np.asarray(list(mine.values())), np.asarray(list(theirs.values()))  # [S], [F]
         for swapped, net in ((True, ours[:, None] - others[None, :]), (False, np.triu(ours[:, None] + ours[None, :], 1))):  # [S, F], [S, S]
             if not net.size:
@@ -159,11 +160,11 @@ def pairs_away(
             estimate = np.maximum((predicted[slow] - net) * ratio[slow], (predicted[fast] + net) * ratio[fast])
             if not swapped:
                 estimate[np.tril_indices(len(ours))] = np.inf  # each pair of slow's tables once
-            keys = list(theirs) if swapped else list(mine)
+            rows, cols = list(mine), (list(theirs) if swapped else list(mine))
             for flat in np.argsort(estimate, axis=None, kind="stable")[:limit]:
                 a, b = np.unravel_index(flat, estimate.shape)
                 if np.isfinite(estimate[a, b]):
-                    pairs.append((float(estimate[a, b]), fast, list(mine)[a], keys[b], swapped))
+                    pairs.append((float(estimate[a, b]), fast, rows[a], cols[b], swapped))
     out = []
     for _, fast, i, k, swapped in sorted(pairs)[:limit]:
         p, q = plan.placements[i], plan.placements[k]
@@ -176,10 +177,10 @@ def pairs_away(
     return out
 
 
-def _marginals(model: CostModel, task: Task, plan: Plan, device: int, others: Sequence[int]) -> dict[int, float]:
+def _marginals(model: CostModel, task: Task, plan: Plan, device: int) -> dict[int, float]:
     """{placement index: predicted ms its shards add to ``device``'s kernels} of the
-    table-wise and column tables with shards there and none on any of ``others``."""
-    movable = [i for i, p in enumerate(plan.placements) if p.kind in MOVABLE and device in p.devices and not set(others) & set(p.devices)]
+    table-wise and column tables with shards there."""
+    movable = [i for i, p in enumerate(plan.placements) if p.kind in MOVABLE and device in p.devices]
     groups = _groups(task, plan, device)
     without = [{kind: [s for s in shards if s.table.name != plan.placements[i].table] for kind, shards in groups.items()} for i in movable]
     ms = _kernels_ms(model, [groups, *without])  # [1 + movable]
