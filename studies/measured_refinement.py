@@ -68,7 +68,7 @@ def refine(devices: int, pool_seed: int, seconds: float) -> None:
     moved = sorted(p.table for p, q in zip(base.placements, plan.placements) if p != q)
     row = {
         "pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "draws": refiner.draws,
-        "rounds": refiner.rounds, "steady": refiner.steady, "early_stop": True, "pairs": refiner.pairs, "moved": moved, "log": log.lines, "plan": plan.to_dict(),
+        "rounds": refiner.rounds, "steady": refiner.steady, "early_stop": True, "pairs": refiner.pairs, "checks": refiner.checks, "moved": moved, "log": log.lines, "plan": plan.to_dict(),
     }  # fmt: skip
     append_rows(PLANNED, [row])
     print(json.dumps({k: v for k, v in row.items() if k not in ("plan", "log")}))
@@ -156,7 +156,7 @@ def report() -> str:
         if run is None:
             continue  # a run still being measured
         lines += _run_lines(run)
-        key = (pool_seed, devices, run.ids, run.refined["seconds"], run.refined.get("early_stop", False), run.refined.get("pairs", 0))
+        key = (pool_seed, devices, run.ids, run.refined["seconds"], run.refined.get("early_stop", False), run.refined.get("pairs", 0), run.refined.get("checks", 0))
         last[key] = _summary_cells(run)
         if (devices, pool_seed) not in models:
             models[devices, pool_seed] = planning_model(devices, pool_seed)
@@ -189,7 +189,7 @@ def _run_lines(run: _Run) -> list[str]:
     won = wins(judged)
     lines = [
         f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
-        f"Refined for {_budget(refined['seconds'], refined.get('early_stop', False), refined.get('pairs', 0))}, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
+        f"Refined for {_budget(refined['seconds'], refined.get('early_stop', False), refined.get('pairs', 0), refined.get('checks', 0))}, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
         f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
         "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
@@ -216,12 +216,16 @@ def _summary_cells(run: _Run) -> list[str]:
     ]  # fmt: skip
 
 
-def _budget(seconds: float, early_stop: bool, pairs: int = 0) -> str:
+def _budget(seconds: float, early_stop: bool, pairs: int = 0, checks: int = 0) -> str:
     """The refine step's budget, whether its refiner timed a move only as far as it paid
     (``MeasuredRefiner`` since 2026-12-02; before, every move on every draw and the old plan on
-    the target too), and whether it also tried quarters, two tables at once, and every device
-    where the two least measured took no move (``pairs``: since the fourth session of 2026-12-02)."""
-    return f"{seconds:g} s{', timed as far as a move pays' if early_stop else ''}{', quarters and pairs too' if pairs else ''}"
+    the target too), whether it also tried quarters, two tables at once, and every device
+    where the two least measured took no move (``pairs``: since the fourth session of 2026-12-02),
+    and whether it widened its margin by the noise it measured (``checks``: since the fifth)."""
+    return (
+        f"{seconds:g} s{', timed as far as a move pays' if early_stop else ''}{', quarters and pairs too' if pairs else ''}"
+        f"{', margin widened by its noise' if checks else ''}"
+    )
 
 
 def _moves_timed(refined: dict) -> str:

@@ -57,7 +57,9 @@ def test_a_move_the_measurement_rejects_is_not_kept() -> None:
     plan = search(task, model).plan
 
     def every_move_slower(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
-        return {"plan": 50.0 + 10 * device} if "plan" in plans else {"old": 50.0, "new": 100.0} if "old" in plans else {"new": 100.0}
+        if "plan" in plans:  # (a device measured, or timed against itself)
+            return {n: 50.0 + 10 * device for n in plans}
+        return {"old": 50.0, "new": 100.0} if "old" in plans else {"new": 100.0}
 
     assert MeasuredRefiner(seconds=30).refine_with(task, model, plan, every_move_slower) == plan
 
@@ -87,7 +89,7 @@ def test_a_move_is_timed_only_as_far_as_it_pays() -> None:
 
     def first_draw_slower(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
         calls.append((tuple(plans), device, draw))
-        return {"plan": 50.0 + 10 * device} if "plan" in plans else {n: 100.0 if n == "new" else 50.0 for n in plans}
+        return {n: 50.0 + 10 * device if "plan" in plans else 100.0 if n == "new" else 50.0 for n in plans}
 
     assert MeasuredRefiner(seconds=30, draws=3).refine_with(task, model, plan, first_draw_slower) == plan
     moves = [c for c in calls if "plan" not in c[0]]
@@ -224,7 +226,7 @@ def test_a_kept_move_is_never_undone(caplog) -> None:
 
     def target_ends_slowest(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
         if "plan" in plans:
-            return {"plan": 50.0 + 10 * device}
+            return {n: 50.0 + 10 * device for n in plans}
         return {"old": 100.0, "new": 10.0} if "old" in plans else {"new": 90.0}  # the source device, then the target
 
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
@@ -274,6 +276,11 @@ def test_refiner_refuses_nonsense() -> None:
         MeasuredRefiner(draws=0)
     with pytest.raises(ValueError, match="MeasuredRefiner.pairs is -1"):
         MeasuredRefiner(pairs=-1)
+    with pytest.raises(ValueError, match="MeasuredRefiner.checks is -1"):
+        MeasuredRefiner(checks=-1)
+    for false_keep in (0.0, 1.0):
+        with pytest.raises(ValueError, match="MeasuredRefiner.false_keep"):
+            MeasuredRefiner(false_keep=false_keep)
     with pytest.raises(ShardingError, match="PlanRefiner"):
         NeuroShardPlanner(Topology(world_size=2, compute_device="cpu"), refiner=object())
 
@@ -312,3 +319,64 @@ def test_a_move_predicted_to_pay_less_than_the_margin_is_not_tried() -> None:
     measured = predicted * np.asarray([1.2, 1.0])  # device 0 slowest: no move leaves less than the two devices' mean, about 0.88 of it
     assert best_move(model, task, plan, predicted, measured, 1, set(), margin=0.0) is not None
     assert best_move(model, task, plan, predicted, measured, 1, set(), margin=0.2) is None
+
+
+def again_timer(timer, factors: tuple[float, ...]):
+    """``timer`` on a machine where a work timed against itself on draw k reads ``factors[k]``
+    of its first time."""
+
+    def noisy(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+        ms = timer(task, plans, device, draw)
+        return {**ms, "again": ms["again"] * factors[draw]} if "again" in ms else ms
+
+    return noisy
+
+
+def test_the_margin_widens_where_the_machine_times_one_work_apart(caplog) -> None:
+    """Device 0 against itself reads 1.1x and 1/1.1x on the two draws: a log-ratio noise of
+    9.5%, at which a move that changes nothing passes both draws by 3% about 0.36^2 = 13% of
+    the time; the margin widens to 7.0% (a null move then passes a draw 22% of the time,
+    both 5%), so a move paying 6% on the slow device is not kept, though it was at 3%.
+    On a machine that times one work alike the margin stays 3%."""
+    task, plan = two_wide_tables()
+    model, slow = load_pretrained("cpu"), weighted_dims_timer((1.0 / 0.94 * 2, 1.0))  # device 0 the slow one
+
+    def pays_six_percent(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+        ms = slow(task, plans, device, draw)
+        return {n: ms[n] * (0.94 / ms[n] * slow(task, {"p": plan}, device, draw)["p"] if n == "new" and device == 0 else 1.0) for n in ms}
+
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+        quiet = MeasuredRefiner(seconds=30, targets=1).refine_with(task, model, plan, again_timer(pays_six_percent, (1.0, 1.0)))
+    assert "timing noise 0.0%, so a move must pay by 3.0% on each of 2 draws" in caplog.text and quiet != plan
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+        noisy = MeasuredRefiner(seconds=30, targets=1).refine_with(task, model, plan, again_timer(pays_six_percent, (1.1, 1 / 1.1)))
+    assert "against its own, 1.100/1.100/0.909/0.909: timing noise 9.5%, so a move must pay by 7.0%" in caplog.text
+    assert noisy == plan and "source device slower on draw 0" in caplog.text
+
+
+def test_on_a_noisy_machine_a_widened_margin_keeps_fewer_moves_that_change_nothing(caplog) -> None:
+    """Device 0 takes 200 ms whatever it holds, the others 50, and each timing scatters by
+    10% (seeded): a move off device 0 that passes passes on noise alone. At a fixed 3% such
+    moves are kept (7 of 44 tried); with the margin widened from the refiner's own timings
+    of one work against itself and again, fewer are (1 of 36), and its noise ends near the
+    14% of a ratio of two timings."""
+    task, model = small_task(4), load_pretrained("cpu")
+    plan = search(task, model).plan
+
+    def kept(checks: int) -> tuple[int, int]:
+        rng = np.random.default_rng(0)
+
+        def null(task: Task, plans: dict, device: int, draw: int) -> dict[str, float]:
+            return {n: (200.0 if device == 0 else 50.0) * float(np.exp(rng.normal(0.0, 0.1))) for n in plans}
+
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="torchrec_neuroshard"):
+            MeasuredRefiner(seconds=30, checks=checks).refine_with(task, model, plan, null)
+        return caplog.text.count("; kept"), caplog.text.count("measured refinement: table ")
+
+    (fixed, tried_fixed), (widened, tried_widened) = kept(0), kept(2)
+    assert "so a move must pay by 8.5%" in caplog.text  # from the 4 timings against itself, then from every timing again
+    end = re.search(r"after the moves: (\d+) timings .* timing noise ([\d.]+)%", caplog.text)
+    assert end and int(end[1]) > 20 and 12 < float(end[2]) < 17  # a log ratio of two timings: 10% x sqrt(2)
+    assert fixed > 0 and widened / tried_widened < fixed / tried_fixed, (fixed, tried_fixed, widened, tried_widened)

@@ -11,23 +11,30 @@ while the measurement says the move pays.
    the plan as given that has any, on the first draw) is timed in every round too, and each time is divided
    by it (times its first median), as the judge's reference steadies a run: devices timed
    minutes apart are then compared at one machine speed, not at the speed of their minute.
-2. Each device's measured / predicted ratio corrects the model for that device. Of the
+2. The slowest measured device's work is timed against itself ``checks`` times on each
+   draw (the two copies interleaved, as a move's old and new plan are). The spread of
+   those ratios, and of a work timed again later (a move times its old plan on its source
+   device once more), is the machine's timing noise (``_Noise``); where a move that
+   changes nothing would pass every draw more often than ``false_keep`` at ``margin``,
+   the margin is widened until it would not (logged at the start and the end). On a quiet
+   machine (noise of a few percent) ``margin`` stands.
+3. Each device's measured / predicted ratio corrects the model for that device. Of the
    moves off the slowest measured device to one of the ``targets`` least-measured ones
    (``refine_moves``: a table-wise or column shard moved whole; where the table's
    ``choices`` allow columns that narrow, a half or a quarter of its widest shard there
    moved; two shards moved whole; or one moved whole in exchange for one of the
    target's), the one whose
    corrected prediction leaves the two devices least, where that beats the slowest by
-   ``margin``, is tried (where none does, the moves to every other device are looked at),
+   the margin, is tried (where none does, the moves to every other device are looked at),
    draw of ids by draw: the old and the new plan's work on the slow device timed
    interleaved, round by round, then (where the new plan pays there) the new plan's on the
    target. It is kept when on every one of ``draws`` draws the slower of the two new
-   devices beats the old slowest by ``margin`` (one draw's ids move a device's time by up
+   devices beats the old slowest by the margin (one draw's ids move a device's time by up
    to 20%, more than the margin), so the first timing it fails ends the move's. A
    move not kept is not tried again, nor is a kept one undone: no table moves
    back to a device it left, directly or round a cycle of devices. The devices timed
    keep their newer measurement.
-3. Until no move is predicted to pay by the margin, or ``seconds`` (or the planner's ``timeout_seconds``)
+4. Until no move is predicted to pay by the margin, or ``seconds`` (or the planner's ``timeout_seconds``)
    run out; a budget that ends before every device was timed leaves the plan as it was.
 
 It measures where the kernels run here: a CPU topology on this CPU, a cuda one where torch
@@ -37,9 +44,11 @@ sees a GPU. Planning for GPUs on a machine without one, it says so and returns t
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -71,6 +80,10 @@ class MeasuredRefiner:
         steady: every time steadied by a reference timed in the same rounds (see above).
         pairs: the moves of two tables (two to one device, or an exchange) priced exactly
             each step, the best by their tables' marginal cost (``refine_moves.pairs_away``).
+        checks: the timings of the slowest device against itself on each draw that begin
+            to measure the machine's noise (``_Noise``; 0: the margin is never widened).
+        false_keep: the most often a move that changes nothing may pass every draw, at the
+            noise measured; the margin is widened to hold it.
     """
 
     seconds: float = 60.0
@@ -82,6 +95,8 @@ class MeasuredRefiner:
     seed: int = 0
     steady: bool = True
     pairs: int = PAIRS
+    checks: int = 2
+    false_keep: float = 0.05
 
     def __post_init__(self) -> None:
         if not self.seconds > 0:
@@ -89,8 +104,11 @@ class MeasuredRefiner:
         for name in ("draws", "rounds", "repeats", "targets"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MeasuredRefiner.{name} is {getattr(self, name)}: give at least 1")
-        if self.pairs < 0:
-            raise ValueError(f"MeasuredRefiner.pairs is {self.pairs}: give 0 (no two-table moves) or more")
+        for name, none in (("pairs", "no two-table moves"), ("checks", "the margin never widened")):
+            if getattr(self, name) < 0:
+                raise ValueError(f"MeasuredRefiner.{name} is {getattr(self, name)}: give 0 ({none}) or more")
+        if not 0 < self.false_keep < 1:
+            raise ValueError(f"MeasuredRefiner.false_keep is {self.false_keep}: give a probability in (0, 1), such as 0.05")
         if not 0 <= self.margin < 1:
             raise ValueError(f"MeasuredRefiner.margin is {self.margin}: give a share in [0, 1)")
 
@@ -116,70 +134,91 @@ class MeasuredRefiner:
         choices: Mapping[str, TableChoices] | None = None,
     ) -> Plan:
         """``refine`` with the devices timed by ``timer``."""
-        stop = _stop(self.seconds, deadline)
-        measured = np.zeros(task.num_devices)  # [D]
-        for d in range(task.num_devices):
-            if time.perf_counter() >= stop:
-                logger.warning("measured refinement: the budget ran out before every device was timed; the search's plan, unrefined")
-                return plan
-            measured[d] = np.mean([timer(task, {"plan": plan}, d, k)["plan"] for k in range(self.draws)])
+        stop, noise = _stop(self.seconds, deadline), _Noise(self)
+        measured = self._measure(task, plan, timer, stop, noise)  # [D]
+        if measured is None:
+            logger.warning("measured refinement: the budget ran out before every device was timed; the search's plan, unrefined")
+            return plan
         predicted = device_compute(model, task, plan)  # [D]
         _log_devices(predicted, measured, "before")
+        self._against_itself(task, plan, timer, int(np.argmax(measured)), stop, noise)
         tried: set[Move] = set()
         barred: set[tuple[str, int]] = set()  # (table, device): a kept move took the table off it, never to return
         kept = 0
         while time.perf_counter() < stop:
-            move = self._next_move(task, model, plan, predicted, measured, tried, choices or {}, barred)
+            move = self._next_move(task, model, plan, predicted, measured, tried, choices or {}, barred, noise.margin())
             if move is None:
                 break
             candidate, m = move
             tried.add(m)
-            old, new, target, why = self._time_move(task, plan, candidate, timer, m.source, m.target, stop)
-            pays = not why
+            old, new, target, why = self._time_move(task, plan, candidate, timer, m, stop, noise.margin())
             logger.info(
                 "measured refinement: table %s, %d of its %d columns, from device %d to %d%s: %s and %s ms against %s ms "
                 "(by draw); %s", m.table, m.columns, task.table(m.table).dim, m.source, m.target,
-                m.describe(), _ms(new), _ms(target), _ms(old),
-                "kept" if pays else f"not kept ({why})",
+                m.describe(), _ms(new), _ms(target), _ms(old), f"not kept ({why})" if why else "kept",
             )  # fmt: skip
-            measured[m.source] = np.mean(new if pays else old)  # the newer measurement
-            if pays:
+            noise.timed(kept, m.source, old)
+            measured[m.source] = np.mean(old if why else new)  # the newer measurement
+            if not why:
                 plan, kept = candidate, kept + 1
                 predicted = device_compute(model, task, plan)
                 measured[m.target] = np.mean(target)
+                noise.timed(kept, m.source, new)
+                noise.timed(kept, m.target, target)
                 barred.update(m.leaves())  # not undone, directly or round a cycle of devices
         _log_devices(predicted, measured, f"after {kept} measured moves ({len(tried)} tried)")
+        noise.log("after the moves")
         return plan
+
+    def _measure(self, task: Task, plan: Plan, timer: Timer, stop: float, noise: _Noise) -> np.ndarray | None:
+        """Every device's mean ms over the draws (None: the budget ran out first)."""
+        measured = np.zeros(task.num_devices)  # [D]
+        for d in range(task.num_devices):
+            if time.perf_counter() >= stop:
+                return None
+            by_draw = [timer(task, {"plan": plan}, d, k)["plan"] for k in range(self.draws)]
+            noise.timed(0, d, by_draw)
+            measured[d] = np.mean(by_draw)
+        return measured
+
+    def _against_itself(self, task: Task, plan: Plan, timer: Timer, device: int, stop: float, noise: _Noise) -> None:
+        """``device``'s work timed against itself ``checks`` times on each draw, into ``noise``."""
+        for k in [k for k in range(self.draws) for _ in range(self.checks)]:
+            if time.perf_counter() >= stop:
+                break
+            ms = timer(task, {"plan": plan, "again": plan}, device, k)
+            noise.ratios.append(math.log(ms["again"] / ms["plan"]))
+        noise.log(f"device {device} timed against itself")
 
     def _next_move(
         self, task: Task, model: CostModel, plan: Plan, predicted: np.ndarray, measured: np.ndarray, tried: set[Move],
-        choices: Mapping[str, TableChoices], barred: set[tuple[str, int]],
+        choices: Mapping[str, TableChoices], barred: set[tuple[str, int]], margin: float,
     ) -> tuple[Plan, Move] | None:
         """``best_move`` to one of the ``targets`` least-measured devices or, where none is
-        predicted to pay by the margin, to any device."""
+        predicted to pay by ``margin``, to any device."""
         for targets in dict.fromkeys((self.targets, task.num_devices - 1)):
-            move = best_move(model, task, plan, predicted, measured, targets, tried, choices, barred, self.margin, self.pairs)
+            move = best_move(model, task, plan, predicted, measured, targets, tried, choices, barred, margin, self.pairs)
             if move is not None:
                 return move
         return None
 
     def _time_move(
-        self, task: Task, plan: Plan, candidate: Plan, timer: Timer, slow: int, fast: int, stop: float
+        self, task: Task, plan: Plan, candidate: Plan, timer: Timer, move: Move, stop: float, margin: float
     ) -> tuple[list[float], list[float], list[float], str]:
-        """ms by draw of the old and the new plan on ``slow`` and of the new one on ``fast``,
-        and why the move does not pay ("" where it does): timed draw by draw, the source
-        device first, until a timing says it does not."""
-        old, new, target = [], [], []
+        """ms by draw of the old and the new plan on ``move``'s source and of the new one on
+        its target, and why the move does not pay by ``margin`` ("" where it does): timed
+        draw by draw, the source device first, until a timing says it does not."""
+        old, new, target, slow, fast = [], [], [], move.source, move.target
         for k in range(self.draws):
             if k and time.perf_counter() >= stop:
                 return old, new, target, f"the budget ran out after {k} of {self.draws} draws"
             on_slow = timer(task, {"old": plan, "new": candidate}, slow, k)
             old.append(on_slow["old"])
             new.append(on_slow["new"])
-            if not new[-1] < old[-1] * (1 - self.margin):  # the target need not be timed
+            if not new[-1] < old[-1] * (1 - margin):  # the target need not be timed
                 return old, new, target, f"the source device slower on draw {k}"
             target.append(timer(task, {"new": candidate}, fast, k)["new"])
-            if not target[-1] < old[-1] * (1 - self.margin):
+            if not target[-1] < old[-1] * (1 - margin):
                 return old, new, target, f"the target device slower on draw {k}"
         return old, new, target, ""
 
@@ -206,6 +245,52 @@ class MeasuredRefiner:
             return ms
 
         return timer
+
+
+class _Noise:
+    """The machine's timing noise, read off one work timed twice: the slowest device timed
+    against itself (``MeasuredRefiner.checks``), and a device's work timed again, draw by
+    draw, by a later timing (a move's old plan on its source device, which the first pass
+    or a kept move timed before). It is the log ratio's root mean square: the log of a
+    work's time to its own has mean 0."""
+
+    def __init__(self, refiner: MeasuredRefiner) -> None:
+        self.refiner = refiner
+        self.ratios: list[float] = []  # log ms of a work to its own earlier ms
+        self.last: dict[tuple[int, int, int], float] = {}  # (kept moves, device, draw) -> the last ms of that work
+
+    def timed(self, kept: int, device: int, by_draw: Sequence[float]) -> None:
+        """The work on ``device`` after ``kept`` moves timed on draws 0, 1, ... (as far as given)."""
+        for draw, ms in enumerate(by_draw):
+            earlier = self.last.get((kept, device, draw))
+            if earlier is not None:
+                self.ratios.append(math.log(ms / earlier))
+            self.last[kept, device, draw] = ms
+
+    def level(self) -> float:
+        return math.sqrt(np.mean(np.square(self.ratios))) if self.ratios else 0.0
+
+    def margin(self) -> float:
+        """The refiner's margin, or wider where at this noise a move that changes nothing
+        would pass all its draws more often than ``false_keep`` (none: ``checks`` is 0)."""
+        r = self.refiner
+        if not r.checks:
+            return r.margin
+        # a null move passes a draw where its log ratio is below log(1 - margin): at most false_keep on all draws
+        z = NormalDist().inv_cdf(1 - r.false_keep ** (1 / r.draws))
+        return max(r.margin, 1 - math.exp(-z * self.level()))
+
+    def log(self, when: str) -> None:
+        r = self.refiner
+        if not r.checks:
+            return
+        logger.log(
+            logging.WARNING if self.margin() > r.margin else logging.INFO,
+            "measured refinement, %s: %d timings of a work against its own, %s: timing noise %.1f%%, so a move must pay "
+            "by %.1f%% on each of %d draws (margin %.1f%%, false_keep %.2f)", when, len(self.ratios),
+            "/".join(f"{math.exp(x):.3f}" for x in self.ratios[:8]) + ("/..." if len(self.ratios) > 8 else ""),
+            100 * self.level(), 100 * self.margin(), r.draws, 100 * r.margin, r.false_keep,
+        )  # fmt: skip
 
 
 class _BuiltWork:
