@@ -75,7 +75,8 @@ class MeasuredRefiner:
         draws: the draws of ids every device and move is timed on (a move must pay on each).
         rounds, repeats: the judge's rounds per draw and timed steps per round.
         targets: the least-measured devices a move may go to.
-        margin: the share by which a move's slower device must beat the old slowest.
+        margin: the least share by which a move's slower device must beat the old slowest
+            (widened where the noise measured asks more: ``checks``, ``false_keep``).
         seed: the seed of the draws of ids.
         steady: every time steadied by a reference timed in the same rounds (see above).
         pairs: the moves of two tables (two to one device, or an exchange) priced exactly
