@@ -137,6 +137,8 @@ def test_plan_validation_names_table_and_numbers() -> None:
     tight = Task(task.tables, 2, 5000, 8)
     with pytest.raises(InfeasibleError, match=r"device 0 holds 7,040 bytes, over the cap of 5,000"):  # 6,400 + buffers
         Plan((TablePlacement("a", (16,), (0,)), TablePlacement("b", (8,), (1,))), 2).validate(tight)
+    over = Plan((TablePlacement("a", (16,), (0,)), TablePlacement("b", (8,), (1,))), 2)
+    assert ok.fits(task) and over.fits(task) and not over.fits(tight)  # fits: validate as a bool
 
 
 def test_task_json_round_trip_and_generator_defaults(tmp_path) -> None:

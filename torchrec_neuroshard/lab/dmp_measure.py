@@ -94,11 +94,7 @@ def plan_task(
         except (ShardingError, PlannerError) as e:
             failures[name] = f"{type(e).__name__}: {e}"
     for name, plan in plans.items():
-        try:
-            from_torchrec(plan, task.num_devices).validate(task)
-            fits[name] = True
-        except ShardingError:
-            fits[name] = False
+        fits[name] = from_torchrec(plan, task.num_devices).fits(task)
     return PlannedTask(task, label, plans, failures, fits)
 
 

@@ -147,12 +147,13 @@ class MeasuredRefiner:
         barred: set[tuple[str, int]] = set()  # (table, device): a kept move took the table off it, never to return
         kept = 0
         while time.perf_counter() < stop:
-            move = self._next_move(task, model, plan, predicted, measured, tried, choices or {}, barred, noise.margin())
+            margin = noise.margin()
+            move = self._next_move(task, model, plan, predicted, measured, tried, choices or {}, barred, margin)
             if move is None:
                 break
             candidate, m = move
             tried.add(m)
-            old, new, target, why = self._time_move(task, plan, candidate, timer, m, stop, noise.margin())
+            old, new, target, why = self._time_move(task, plan, candidate, timer, m, stop, margin)
             logger.info(
                 "measured refinement: table %s, %d of its %d columns, from device %d to %d%s: %s and %s ms against %s ms "
                 "(by draw); %s", m.table, m.columns, task.table(m.table).dim, m.source, m.target,
@@ -188,7 +189,7 @@ class MeasuredRefiner:
             if time.perf_counter() >= stop:
                 break
             ms = timer(task, {"plan": plan, "again": plan}, device, k)
-            noise.ratios.append(math.log(ms["again"] / ms["plan"]))
+            noise.against_itself(ms["plan"], ms["again"])
         noise.log(f"device {device} timed against itself")
 
     def _next_move(
@@ -259,6 +260,10 @@ class _Noise:
         self.refiner = refiner
         self.ratios: list[float] = []  # log ms of a work to its own earlier ms
         self.last: dict[tuple[int, int, int], float] = {}  # (kept moves, device, draw) -> the last ms of that work
+
+    def against_itself(self, first_ms: float, again_ms: float) -> None:
+        """One work timed twice in one timing, interleaved."""
+        self.ratios.append(math.log(again_ms / first_ms))
 
     def timed(self, kept: int, device: int, by_draw: Sequence[float]) -> None:
         """The work on ``device`` after ``kept`` moves timed on draws 0, 1, ... (as far as given)."""

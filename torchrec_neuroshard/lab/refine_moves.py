@@ -18,7 +18,7 @@ import numpy as np
 
 from torchrec_neuroshard.search.modules import MOVABLE
 from torchrec_neuroshard.stepcost import predict_step
-from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, Shard, ShardingError, ShardingKind, TableChoices, TablePlacement, Task
+from torchrec_neuroshard.types import WIDTH_ALIGNMENT, CostModel, Plan, Shard, ShardingKind, TableChoices, TablePlacement, Task
 
 PAIRS = 64
 """Moves of two tables (a swap, or two tables to one device) priced exactly per
@@ -105,7 +105,7 @@ def best_move(
     for best in np.argsort(score, kind="stable"):  # the best move the plan stays valid after (validated in turn: 6 ms a plan)
         if score[best] >= measured[slow] * (1 - margin):
             return None
-        if _valid(task, moves[best][0]):
+        if moves[best][0].fits(task):
             return moves[best]
     return None
 
@@ -201,8 +201,7 @@ def _groups(task: Task, plan: Plan, device: int) -> dict[ShardingKind, list[Shar
     out: dict[ShardingKind, list[Shard]] = {}
     for p in plan.placements:
         if p.kind in MOVABLE:
-            table = p.spec_of(task.table(p.table))
-            out.setdefault(p.kind, []).extend(Shard(table, w) for w, d in zip(p.widths, p.devices) if d == device)
+            out.setdefault(p.kind, []).extend(shard for shard, d in p.shards(task.table(p.table)) if d == device)
     return out
 
 
@@ -219,12 +218,3 @@ def _kernels_ms(model: CostModel, groups: Sequence[Mapping[ShardingKind, list[Sh
 def _with(plan: Plan, placements: Mapping[int, TablePlacement]) -> Plan:
     """``plan`` with its placements at the given indices replaced."""
     return Plan(tuple(placements.get(i, p) for i, p in enumerate(plan.placements)), plan.num_devices)
-
-
-def _valid(task: Task, plan: Plan) -> bool:
-    """Whether ``plan`` passes ``Plan.validate`` (every device's HBM and host memory)."""
-    try:
-        plan.validate(task)
-    except ShardingError:
-        return False
-    return True

@@ -307,6 +307,14 @@ class Plan:
             raise ShardingError(f"plan does not place tables {missing}")
         self._check_memory(task)
 
+    def fits(self, task: Task) -> bool:
+        """Whether ``validate`` passes (every table placed once, in its bounds and memory)."""
+        try:
+            self.validate(task)
+        except ShardingError:
+            return False
+        return True
+
     def _check_memory(self, task: Task) -> None:
         """Raise ``InfeasibleError`` for a device over the task's memory cap or host memory
         cap, and ``ShardingError`` for tables in host memory when the task has no host cap."""
