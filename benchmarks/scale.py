@@ -25,7 +25,8 @@ load average before and after it, so a TorchRec plan made on a busy machine show
 The judge is not our cost model: ``lab.judge`` times each device of every plan here, as
 DMP runs it (fused kernels, the data-parallel tables' dense kernel and update), in passes
 of opposite device order, draws of ids and interleaved rounds, each time divided by a fixed
-reference's in the same round (``--no-reference``: not). Plans are kept with their
+reference's in the same round (``--no-reference``: not), and the first plan (NeuroShard's)
+built and timed twice, the run's A/A check (``--no-copy``: not). Plans are kept with their
 rows, so a re-measure never re-plans.
 """
 
@@ -232,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draws", type=int, default=JudgeConfig.draws)
     p.add_argument("--rounds", type=int, default=JudgeConfig.rounds)
     p.add_argument("--no-reference", dest="reference", action="store_false", help="measure: time no reference to steady the plans by")
+    p.add_argument("--no-copy", dest="copy", action="store_false", help="measure: time no second copy of the first plan (the A/A check)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with threadpool_limits(limits=1), cpu_threads(1):
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
                 for d in args.devices:
                     keep(d, pool_seed, args.planners[0], args.label)
                 continue
-            config = JudgeConfig(args.passes, args.draws, args.rounds, reference=args.reference)
+            config = JudgeConfig(args.passes, args.draws, args.rounds, reference=args.reference, copy=args.copy)
             draws = task_draws(args.devices[0], pool_seed, config.draws)
             for d in args.devices:  # the same tables and batch at every D (tests check)
                 measure(d, pool_seed, args.planners or MEASURED_PLANNERS, config, draws)

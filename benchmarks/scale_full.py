@@ -55,7 +55,8 @@ from benchmarks.scale_report import RESULTS, judged_task, last_judged, latest_pl
 from torchrec_neuroshard.costmodel import cost_model_for, load_pretrained
 from torchrec_neuroshard.lab.collect import append_rows, hardware, read_rows
 from torchrec_neuroshard.lab.evaluate import lookup_groups, on_kernels, task_lookups
-from torchrec_neuroshard.lab.judge import JudgeConfig, judge_plans, ratio_interval
+from torchrec_neuroshard.lab.judge import JudgeConfig, judge_plans
+from torchrec_neuroshard.lab.judgement import ratio_interval
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.types import Plan
 

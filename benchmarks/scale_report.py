@@ -19,7 +19,8 @@ import numpy as np
 
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judgements, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig
+from torchrec_neuroshard.lab.judgement import Judged, copy_check, judgements, rank_correlation, ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 
 RESULTS = Path(__file__).parent / "results"
@@ -50,19 +51,30 @@ def beside_stored(rows: list[dict], pool_seed: int, devices: int, planners: Sequ
 
 def last_judged(rows: list[dict], pool_seed: int, devices: int) -> list[dict]:
     """The judge's rows of the task's last judged set of plans (those of its last plans, on
-    the CPU that timed them last: rows since 2026-11-29 name it, older ones do not)."""
+    the CPU that timed them last, by the judge's configuration of then: rows since
+    2026-11-29 name the CPU, older ones do not)."""
     mine = [r for r in rows if r["pool_seed"] == pool_seed and r["devices"] == devices]
-    last = (mine[-1]["plans_sha"], mine[-1].get("cpu")) if mine else None
-    return [r for r in mine if (r["plans_sha"], r.get("cpu")) == last]
+    last = (mine[-1]["plans_sha"], mine[-1].get("cpu"), JudgeConfig.of(mine[-1])) if mine else None
+    return [r for r in mine if (r["plans_sha"], r.get("cpu"), JudgeConfig.of(r)) == last]
 
 
 def judged_task(rows: list[dict], pool_seed: int, devices: int, steady: bool = True) -> dict[str, Judged]:
     """Per planner, its measurement in the task's last judged set of plans (complete ones
-    only), steadied by the run's reference where it timed one (``lab.judge.judgements``)."""
+    only), steadied by the run's reference where it timed one (``lab.judgement.judgements``)."""
     last = last_judged(rows, pool_seed, devices)
     if not last:
         return {}
     return judgements(last, devices, JudgeConfig.of(last[0]), steady)
+
+
+def copy_text(rows: list[dict], devices: int) -> str | None:
+    """The A/A check of one run's rows (``lab.judgement.copy_check``, steadied as the plans are)
+    as the reports print it; None where the run timed no copy."""
+    check = copy_check(rows, devices, JudgeConfig.of(rows[0])) if rows else None
+    if check is None:
+        return None
+    resolved = check[1] <= 1.0 <= check[2]
+    return f"{interval_text(check)}: {'holds 1' if resolved else 'LEAVES OUT 1, so the intervals of this run do not hold its own error'}"
 
 
 def interval_text(interval: tuple[float, float, float]) -> str:
@@ -199,6 +211,12 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         ]  # fmt: skip
         for t in (t for t in tasks if t[0] == pool_seed):
             lines += task_lines(*t, planned[t], judged[t])
+    checks = {t: copy_text(last_judged(measured_rows, *t), t[1]) for t in tasks}
+    if any(checks.values()):
+        lines += ["", "## The judge against itself", "", "The first plan built and timed a second time among the plans "
+                  "(`JudgeConfig.copy`): its copy's compute over its own, with the run's interval.", "",
+                  "| pool | D | copy / first plan (90% interval) |", "|---|---|---|"]  # fmt: skip
+        lines += [f"| {pool} | {d} | {text} |" for (pool, d), text in checks.items() if text]
     lines += _variant_lines(judged)
     lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + model_lines(planned, judged)
     text = "\n".join(lines) + "\n"

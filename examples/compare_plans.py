@@ -42,7 +42,8 @@ from torchrec_neuroshard.costmodel import cost_model_for
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import Judged, JudgeConfig, judge_plans, judgements, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig, judge_plans
+from torchrec_neuroshard.lab.judgement import Judged, judgements, rank_correlation, ratio_interval, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.torchrec_baseline import per_rank_batch, run_torchrec, topology_for
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool

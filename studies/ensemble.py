@@ -47,7 +47,8 @@ from studies import steady_judge
 from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, rank_correlation, ratio_interval, runs_ratio_interval
+from torchrec_neuroshard.lab.judge import JudgeConfig
+from torchrec_neuroshard.lab.judgement import Judged, rank_correlation, ratio_interval, runs_ratio_interval
 from torchrec_neuroshard.lab.pretrain import pretrain_files
 from torchrec_neuroshard.lab.refine import device_compute
 from torchrec_neuroshard.lab.workloads import TRAINING_POOL_SEEDS

@@ -4,10 +4,12 @@ plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
     taskset -c 1 python -m studies.measured_refinement refine --devices 16 --pool-seed 4 --seconds 600
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference --first-draw 0
+    taskset -c 1 python -m studies.measured_refinement measure --devices 8 --pool-seed 4 --rounds 2 --reference --copy --first-draw 6
     python -m studies.measured_refinement report
 
 (the results' tasks: D = 8 and 16 on pools 2-4, D = 32 on pool 2). ``measure`` judges on
-ids the refiner never timed unless ``--first-draw 0`` (its own: a selection on the noise).
+ids the refiner never timed unless ``--first-draw 0`` (its own: a selection on the noise);
+``--copy`` times NeuroShard's plan a second time, built again: the run's A/A check.
 
 ``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
 one the scale benchmark judged) refined on this machine as ``NeuroShardPlanner(refiner=
@@ -36,9 +38,10 @@ from threadpoolctl import threadpool_limits
 
 from benchmarks.scale import judge_task, planning_model, plans_sha, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import best_heuristic, latest_plans, ratio_text
+from benchmarks.scale_report import best_heuristic, copy_text, latest_plans, ratio_text
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig, Judged, judgements, rank_correlation, wins
+from torchrec_neuroshard.lab.judge import JudgeConfig
+from torchrec_neuroshard.lab.judgement import Judged, judgements, rank_correlation, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.refine import MeasuredRefiner
 from torchrec_neuroshard.lab.refine_moves import device_compute
@@ -123,6 +126,7 @@ class _Run:
     judged: dict[str, Judged]
     refined: dict
     plans: dict[str, Plan]
+    check: str | None
 
     @staticmethod
     def of(pool_seed: int, devices: int, sha: str, rows: list[dict]) -> "_Run | None":
@@ -132,7 +136,8 @@ class _Run:
         if REFINED not in judged:
             return None
         refined = _refined_row(pool_seed, devices, sha)
-        return _Run(pool_seed, devices, sha, rows[0]["cpu"], config, judged, refined, _plans(devices, pool_seed, refined))
+        plans = _plans(devices, pool_seed, refined)
+        return _Run(pool_seed, devices, sha, rows[0]["cpu"], config, judged, refined, plans, copy_text(rows, devices))
 
     @property
     def ids(self) -> str:
@@ -198,6 +203,8 @@ def _run_lines(run: _Run) -> list[str]:
     for name, j in judged.items():
         cells = [ratio_text(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
         lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
+    if run.check:
+        lines += ["", f"The judge against itself: neuroshard built and timed again, its copy / neuroshard {run.check}."]
     return lines + [""]
 
 
@@ -256,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seconds", type=float, default=240.0)
     p.add_argument("--rounds", type=int, default=3, help="measure: the judge's rounds a pass and draw")
     p.add_argument("--reference", action="store_true", help="measure: time the judge's reference in every round (steadied)")
+    p.add_argument("--copy", action="store_true", help="measure: time the first plan (neuroshard) twice, as built twice: the A/A check")
     p.add_argument(
         "--first-draw", type=int, default=MeasuredRefiner.draws,
         help="measure: the judge's first draw of ids (default: past the refiner's own draws, 0 on)",
@@ -268,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.step == "refine":
             refine(args.devices, args.pool_seed, args.seconds)
         elif args.step == "measure":
-            measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference, first_draw=args.first_draw))
+            measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference, first_draw=args.first_draw, copy=args.copy))
     if args.step == "report":
         print(report())
 

@@ -36,7 +36,8 @@ from benchmarks.scale_report import best_heuristic, judged_task, last_judged, mo
 from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged, rank_correlation
+from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig
+from torchrec_neuroshard.lab.judgement import Judged, rank_correlation
 from torchrec_neuroshard.lab.refine import device_compute
 from torchrec_neuroshard.types import Plan
 

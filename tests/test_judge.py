@@ -10,7 +10,8 @@ import pytest
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from benchmarks.scale_report import judged_task
-from torchrec_neuroshard.lab.judge import REFERENCE, JudgeConfig, Judged, device_order, judge_plans, rank_correlation, ratio_interval, runs_ratio_interval, wins
+from torchrec_neuroshard.lab.judge import COPY, REFERENCE, JudgeConfig, build_order, device_order, judge_plans, round_orders
+from torchrec_neuroshard.lab.judgement import Judged, copy_check, judgements, rank_correlation, ratio_interval, runs_ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
 from torchrec_neuroshard.types import Plan, ShardingKind, TablePlacement
 
@@ -33,6 +34,32 @@ def test_a_judge_config_reads_back_from_its_rows_with_its_first_draw_of_ids() ->
     assert JudgeConfig.of(row) == JudgeConfig(rounds=2, reference=True) != later
     with pytest.raises(ValueError, match="JudgeConfig.first_draw is -1"):
         JudgeConfig(first_draw=-1)
+
+
+def test_rows_before_the_shuffled_order_read_back_as_rotated_and_an_unknown_order_is_refused() -> None:
+    assert JudgeConfig().order == "shuffled"
+    row = {k: v for k, v in dataclasses.asdict(JudgeConfig()).items() if k != "order"}
+    assert JudgeConfig.of(row).order == "rotated" != JudgeConfig.of(dataclasses.asdict(JudgeConfig())).order
+    with pytest.raises(ValueError, match="JudgeConfig.order is 'random'"):
+        JudgeConfig(order="random")
+
+
+def test_a_rotated_order_keeps_every_plans_neighbour_and_a_shuffled_one_draws_it_anew() -> None:
+    names = list("abcdefg")
+    assert round_orders(names, 2, 0, 2, "rotated") == [list("cdefgab"), list("defgabc")]
+    assert round_orders(names, 2, 1, 2, "rotated") == round_orders(names, 2, 0, 2, "rotated")  # the draw changes nothing
+    assert build_order(names, 5, "rotated") == names
+    follows = set()
+    for visit in range(4):
+        for draw in range(2):
+            rounds = round_orders(names, visit, draw, len(names), "shuffled")
+            assert all(sorted(r) == names for r in rounds)
+            assert all(sorted(r[i] for r in rounds) == names for i in range(len(names)))  # each name takes each place once
+            assert rounds == round_orders(names, visit, draw, len(names), "shuffled")  # drawn, but the same on a re-run
+            follows |= {(r[i - 1], r[i]) for r in rounds for i in range(1, len(names))}
+        assert sorted(build_order(names, visit, "shuffled")) == names
+    assert len(follows) > 2 * len(names)  # rotated, "a" only ever follows "g"
+    assert len({tuple(build_order(names, v, "shuffled")[:1]) for v in range(16)}) > 3  # not always the same plan built first
 
 
 def test_passes_visit_the_devices_in_opposite_orders() -> None:
@@ -85,6 +112,34 @@ def test_a_reference_is_timed_in_every_round_beside_the_plans() -> None:
     replicas_only = dataclasses.replace(plans["size"], placements=tuple(TablePlacement(t.name, kind=ShardingKind.DATA_PARALLEL) for t in task.tables))
     with pytest.raises(ValueError, match=r"the first plan \(replicas\) has no fused kernel on device 0"):
         judge_plans(task, {"replicas": replicas_only, **plans}, draws, config)
+
+
+@pytest.mark.measure
+def test_a_copy_of_the_first_plan_is_built_and_timed_as_one_more_plan() -> None:
+    task = generate_task(synthetic_pool(seed=2), 8, 2, TINY, seed=4)
+    plans = {"size": baseline_plan("size", task), "dim": baseline_plan("dim", task)}
+    config = JudgeConfig(passes=1, draws=1, rounds=2, repeats=1, reference=True, copy=True)
+    draws = [task_lookups(task, draw=0)]
+    rows = judge_plans(task, plans, draws, config)
+    assert [r["planner"] for r in rows if r["device"] == 0] == ["size", "dim", COPY, REFERENCE]
+    copied = [r for r in rows if r["planner"] == COPY]
+    assert all(len(r["fused_ms"]) == config.rounds and min(r["fused_ms"]) > 0 for r in copied)  # "size" holds tables on both
+    assert list(judgements(rows, task.num_devices, config)) == ["size", "dim"]  # the copy is not a plan: it wins no unit
+    ratio, low, high = copy_check(rows, task.num_devices, config)
+    assert 0 < low <= ratio <= high
+    assert copy_check(rows, task.num_devices, dataclasses.replace(config, copy=False)) is not None  # read from the rows, not the flag
+    assert copy_check([r for r in rows if r["planner"] != COPY], task.num_devices, config) is None
+    with pytest.raises(ValueError, match="a plan is named '_copy'"):
+        judge_plans(task, {"size": plans["size"], COPY: plans["dim"]}, draws, config)
+
+
+def test_the_copy_check_is_the_copys_compute_over_the_first_plans() -> None:
+    key = {"passes": 1, "draws": 1, "rounds": 2, "repeats": 1, "copy": True}
+    times = np.array([[[[3.0, 4.0], [5.0, 4.0]]]])  # [1, 1, 2, 2]
+    rows = [{**key, **r} for r in _rows(times, "first") + _rows(times * 2, "other") + _rows(times * 1.1, COPY)]
+    config = JudgeConfig.of(rows[0])
+    assert config.copy and list(judgements(rows, 2, config)) == ["first", "other"]
+    assert copy_check(rows, 2, config) == pytest.approx((1.1, 1.1, 1.1))
 
 
 def test_a_plan_steadied_by_the_reference_loses_the_machines_drift() -> None:

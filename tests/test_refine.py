@@ -246,7 +246,7 @@ def test_a_machine_slowing_between_two_timings_reads_the_same_when_steadied(monk
     plan = search(task, model).plan
     speed = iter([1.0, 2.0, 1.0, 2.0])  # the machine's ms factor at each call
 
-    def drifting(work, device, draws, config, on, reference):
+    def drifting(work, device, draws, config, rotation, on, reference):
         factor, rounds = next(speed), config.rounds
         timed = {**({REFERENCE: (10.0, 0.0)} if reference else {}), **{n: (5.0, 1.0) for n in work}}  # (fused, replicas) ms
         return [

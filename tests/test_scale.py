@@ -79,6 +79,10 @@ def test_the_report_reads_the_last_plans_and_the_last_judged_set_of_complete_pla
     other = {**rows[2], "cpu": "another cpu", "fused_ms": [5.0, 5.0]}  # its device 0 so far
     assert judged_task(rows + [other], 2, 2) == {}
     assert judged_task(rows + [other, {**rows[3], "cpu": "another cpu"}], 2, 2)["a"].compute_ms == 5.0
+    # the same plans on the same CPU judged again by another protocol (the shuffled order): its rows alone
+    shuffled = [{**r, "order": "shuffled", "fused_ms": [7.0, 7.0]} for r in rows[2:4]]
+    assert judged_task(rows + shuffled[:1], 2, 2) == {}  # its device 1 not yet timed: no mix with the rotated run's
+    assert judged_task(rows + shuffled, 2, 2)["a"].compute_ms == 7.0
 
 
 @pytest.mark.slow

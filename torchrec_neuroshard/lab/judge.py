@@ -12,12 +12,17 @@ whole-table gradient, and its SGD update). The protocol, for a noisy machine (is
   ids (other batches of the same tables, ``workloads.sample_lookups``) ``rounds`` rounds
   time every plan's device once each (one untimed step, then the median of ``repeats``
   timed ones), the plans' order rotated from round to round;
+- what a plan's place in that order brings (which work is built first, which it follows)
+  is drawn anew at every device and draw (``JudgeConfig.order``: two copies of one plan
+  built first and sixth read 2-3% apart under a fixed order, research log);
 - with ``reference`` on, one fixed piece of work (the first plan's device 0 on the first
   draw) is timed in every round beside the plans: the machine's speed at that moment,
-  which ``Judged.steadied`` divides out of the plans' times;
-- a unit is one (pass, draw, round); a plan's time in a unit is its slowest device, and its
-  compute the slowest device's median over units. Ratios come with a paired bootstrap
-  interval over units, and the units each plan is fastest in are counted.
+  which ``judgement.Judged.steadied`` divides out of the plans' times;
+- with ``copy`` on, the first plan's work is built a second time and timed as one more
+  plan: the run's A/A check (``copy_check``), since two copies of one plan differ only by
+  the judge's own error;
+- a unit is one (pass, draw, round): ``judgement`` reads the rows into each plan's compute
+  and ratios with their intervals.
 """
 
 from __future__ import annotations
@@ -30,20 +35,24 @@ import torch
 
 from torchrec_neuroshard.lab.evaluate import _local_lookups, device_kernel, group_shards, lookup_groups, on_kernels
 from torchrec_neuroshard.lab.measure_compute import Lookups, Step, build_kernel, dense_kernel, fused_step, replicated_step, time_forward_backward
-from torchrec_neuroshard.lab.training import spearman
 from torchrec_neuroshard.types import Plan, Task
 
 CPU = torch.device("cpu")
 REFERENCE = "_reference"
 """The rows of the reference work (``JudgeConfig.reference``), beside the plans'."""
+COPY = "_copy"
+"""The rows of the first plan's second copy (``JudgeConfig.copy``), beside the plans'."""
 
 
 @dataclass(frozen=True)
 class JudgeConfig:
     """How many passes over the devices, draws of ids, rounds per draw and timed steps per
-    round, whether a fixed reference is timed in every round (rows named ``REFERENCE``), and
-    the first draw of ids (``first_draw``: the draws are ``first_draw`` on, a row's ``draw``
-    counts from it), so that a plan chosen by timing some draws is judged on others."""
+    round, whether a fixed reference is timed in every round (rows named ``REFERENCE``), the
+    first draw of ids (``first_draw``: the draws are ``first_draw`` on, a row's ``draw``
+    counts from it, so that a plan chosen by timing some draws is judged on others), and
+    whether the first plan is timed twice, as built twice (rows of the copy named ``COPY``),
+    and the order plans are built and timed in at a device (``round_orders``): "shuffled",
+    or "rotated" (every run before 2026-12-03; rows without ``order`` read as it)."""
 
     passes: int = 2
     draws: int = 2
@@ -51,8 +60,12 @@ class JudgeConfig:
     repeats: int = 3
     reference: bool = False
     first_draw: int = 0
+    copy: bool = False
+    order: str = "shuffled"
 
     def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"JudgeConfig.order is {self.order!r}: choose one of {', '.join(ORDERS)}")
         for name in ("passes", "draws", "rounds", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"JudgeConfig.{name} is {getattr(self, name)}: give at least 1")
@@ -61,15 +74,39 @@ class JudgeConfig:
 
     @staticmethod
     def of(row: dict) -> "JudgeConfig":
-        """The configuration a judge's row was timed by (rows before ``reference`` and
-        ``first_draw``: without a reference, from draw 0)."""
+        """The configuration a judge's row was timed by (rows before ``reference``,
+        ``first_draw`` and ``copy``: without a reference, from draw 0, without a copy)."""
         return JudgeConfig(
-            row["passes"], row["draws"], row["rounds"], row["repeats"], row.get("reference", False), row.get("first_draw", 0)
-        )
+            row["passes"], row["draws"], row["rounds"], row["repeats"], row.get("reference", False), row.get("first_draw", 0),
+            row.get("copy", False), row.get("order", "rotated"),
+        )  # fmt: skip
 
     @property
     def units(self) -> int:
         return self.passes * self.draws * self.rounds
+
+
+ORDERS = ("shuffled", "rotated")
+
+
+def round_orders(names: Sequence[str], visit: int, draw: int, rounds: int, order: str) -> list[list[str]]:
+    """The order each of ``rounds`` rounds of one draw times ``names`` in, at the ``visit``-th
+    device visited. "rotated": round r starts at name (visit + r) mod n, so every name always
+    follows the same one. "shuffled": a permutation drawn for (visit, draw), rotated by one a
+    round: each name takes each place once in n rounds and follows a name drawn anew."""
+    names = list(names)
+    if order == "shuffled":
+        names = [names[i] for i in np.random.default_rng([2, visit, draw]).permutation(len(names))]
+        visit = 0
+    return [names[(visit + r) % len(names) :] + names[: (visit + r) % len(names)] for r in range(rounds)]
+
+
+def build_order(names: Sequence[str], visit: int, order: str) -> list[str]:
+    """The order the plans' work is built in at the ``visit``-th device visited: as given
+    ("rotated"), or a permutation drawn for the visit ("shuffled")."""
+    if order == "rotated":
+        return list(names)
+    return [names[i] for i in np.random.default_rng([1, visit]).permutation(len(names))]
 
 
 def device_order(num_devices: int, pass_index: int) -> list[int]:
@@ -168,9 +205,9 @@ def _time_set(
     set_id: int,
     reference: Sequence[Step],
 ) -> list[dict]:
-    """``time_device``'s rounds over one set of plans built together."""
-    work = {name: DeviceWork(task, plan, device, on) for name, plan in plans.items()}
-    return time_works(work, device, draws, config, rotation, on, set_id, reference)
+    """``time_device``'s rounds over one set of plans built together, in ``build_order``."""
+    built = {name: DeviceWork(task, plans[name], device, on) for name in build_order(list(plans), rotation, config.order)}
+    return time_works({name: built[name] for name in plans}, device, draws, config, rotation, on, set_id, reference)
 
 
 def time_works(
@@ -184,15 +221,15 @@ def time_works(
     reference: Sequence[Step] = (),
 ) -> list[dict]:
     """``time_device``'s rounds over plans' work on ``device`` already built on ``on``
-    (``DeviceWork``), rows as there."""
+    (``DeviceWork``), rows as there; ``rotation`` is the visit's index (``round_orders``)."""
     names, rows = list(work) + ([REFERENCE] if reference else []), []
     for draw, lookups in enumerate(draws):
-        steps = {name: w.steps(lookups) for name, w in work.items()} | ({REFERENCE: (list(reference), [])} if reference else {})
+        steps = {name: work[name].steps(lookups) for name in build_order(list(work), rotation, config.order)}
+        steps |= {REFERENCE: (list(reference), [])} if reference else {}
         fused: dict[str, list[float]] = {n: [] for n in names}
         replicas: dict[str, list[float]] = {n: [] for n in names}
-        for r in range(config.rounds):
-            start = (rotation + r) % len(names)
-            for name in names[start:] + names[:start]:
+        for in_order in round_orders(names, rotation, draw, config.rounds, config.order):
+            for name in in_order:
                 fused[name].append(round(_time(steps[name][0], config.repeats, on), 4))
                 replicas[name].append(round(_time(steps[name][1], config.repeats, on), 4))
         rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n], "set": set_id} for n in names]
@@ -229,6 +266,7 @@ def judge_plans(
     in ``done`` is skipped; ``progress`` may stop early (a budget). Returns the rows measured here."""
     if len(draws) != config.draws:
         raise ValueError(f"{len(draws)} draws of ids given for a JudgeConfig of {config.draws}")
+    plans = with_copy(plans) if config.copy else plans
     skip, out = set(done), []
     reference = _reference(task, plans, draws[0], on, memory_bytes) if config.reference else ()
     wanted = set(range(task.num_devices) if devices is None else devices)
@@ -242,107 +280,8 @@ def judge_plans(
     return out
 
 
-# ---------------------------------------------------------------- the judgement
-
-
-@dataclass(frozen=True)
-class Judged:
-    """One plan's measurement: times [units, devices] ms, fused kernels plus replicas,
-    units ordered by (pass, draw, round)."""
-
-    times: np.ndarray
-
-    @staticmethod
-    def of(rows: Sequence[dict], num_devices: int, config: JudgeConfig) -> "Judged | None":
-        """From one plan's rows (``judge_plans``'); None unless every (pass, device, draw) is there."""
-        times = np.full((config.passes, config.draws, config.rounds, num_devices), np.nan)  # [pass, draw, round, device]
-        for r in rows:
-            times[r["pass"], r["draw"], :, r["device"]] = np.add(r["fused_ms"], r["replicas_ms"])
-        if np.isnan(times).any():
-            return None
-        return Judged(times.reshape(config.units, num_devices))
-
-    def steadied(self, reference: "Judged") -> "Judged":
-        """These times with the machine's speed in each (unit, device) divided out: scaled by
-        the reference work's median over its times there [units, devices]."""
-        if reference.times.shape != self.times.shape:
-            raise ValueError(f"reference timed over {reference.times.shape} (units, devices), the plan over {self.times.shape}: judge them in one run")
-        return Judged(self.times * np.median(reference.times) / reference.times)
-
-    @property
-    def per_device(self) -> np.ndarray:
-        """Each device's median over units [devices]."""
-        return np.median(self.times, axis=0)
-
-    @property
-    def compute_ms(self) -> float:
-        return float(self.per_device.max())
-
-    @property
-    def imbalance(self) -> float:
-        """Slowest / mean device."""
-        return self.compute_ms / float(self.per_device.mean())
-
-    @property
-    def unit_compute(self) -> np.ndarray:
-        """The slowest device in each unit [units]."""
-        return self.times.max(axis=1)
-
-    @property
-    def passes_agree(self) -> float:
-        """The measurement against itself: the rank correlation of the devices' medians in
-        the first half of the units against the second (the two passes of
-        ``JudgeConfig``'s default: units run pass-major)."""
-        first, second = np.array_split(self.times, 2)  # [units / 2, devices] each
-        return rank_correlation(np.median(first, 0).tolist(), np.median(second, 0).tolist())
-
-
-def judgements(rows: Sequence[dict], num_devices: int, config: JudgeConfig, steady: bool = True) -> dict[str, Judged]:
-    """Per plan in ``rows`` (one run's), its measurement, where complete; with ``steady``
-    and the reference among the rows (``JudgeConfig.reference``), steadied by it."""
-    out = {}
-    for name in dict.fromkeys(r["planner"] for r in rows):
-        judged = Judged.of([r for r in rows if r["planner"] == name], num_devices, config)
-        if judged is not None:
-            out[name] = judged
-    reference = out.pop(REFERENCE, None)
-    return {n: j.steadied(reference) for n, j in out.items()} if steady and reference is not None else out
-
-
-def ratio_interval(a: Judged, b: Judged, samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
-    """``a``'s compute / ``b``'s, and its paired bootstrap interval over units (the same
-    resampled units for both: they were timed side by side)."""
-    ratios = _resampled_ratios(a, b, np.random.default_rng(seed), samples)  # [samples]
-    tail = (1 - level) / 2
-    return a.compute_ms / b.compute_ms, float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
-
-
-def runs_ratio_interval(pairs: Sequence[tuple[Judged, Judged]], samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
-    """The geometric mean over runs of a's compute / b's (each pair timed side by side in
-    one run), and its bootstrap interval: every run's units resampled on their own."""
-    rng = np.random.default_rng(seed)
-    logs = np.mean([np.log(_resampled_ratios(a, b, rng, samples)) for a, b in pairs], axis=0)  # [samples]
-    tail = (1 - level) / 2
-    point = float(np.exp(np.mean([np.log(a.compute_ms / b.compute_ms) for a, b in pairs])))
-    return point, float(np.exp(np.quantile(logs, tail))), float(np.exp(np.quantile(logs, 1 - tail)))
-
-
-def _resampled_ratios(a: Judged, b: Judged, rng: np.random.Generator, samples: int) -> np.ndarray:
-    """[samples] a's compute / b's over the same resampled units (they were timed side by side)."""
-    units = a.times.shape[0]
-    if b.times.shape[0] != units:
-        raise ValueError(f"plans measured over {units} and {b.times.shape[0]} units: judge them in one run")
-    pick = rng.integers(0, units, (samples, units))  # [samples, units]
-    return np.median(a.times[pick], axis=1).max(axis=1) / np.median(b.times[pick], axis=1).max(axis=1)
-
-
-def wins(judged: Mapping[str, Judged]) -> dict[str, int]:
-    """Per plan, the units in which it is the fastest (its slowest device the least)."""
-    names = list(judged)
-    fastest = np.argmin(np.stack([judged[n].unit_compute for n in names]), axis=0)  # [units]
-    return {n: int((fastest == i).sum()) for i, n in enumerate(names)}
-
-
-def rank_correlation(predicted: Sequence[float], measured: Sequence[float]) -> float:
-    """Spearman's rank correlation of a plan's devices, predicted against measured."""
-    return spearman(torch.as_tensor(predicted, dtype=torch.float64), torch.as_tensor(measured, dtype=torch.float64))
+def with_copy(plans: Mapping[str, Plan]) -> dict[str, Plan]:
+    """``plans`` and, after them, the first one again as ``COPY`` (``JudgeConfig.copy``)."""
+    if COPY in plans:
+        raise ValueError(f"JudgeConfig.copy: a plan is named {COPY!r}, the copy's rows; rename the plan")
+    return {**plans, COPY: next(iter(plans.values()))}

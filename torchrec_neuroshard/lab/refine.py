@@ -43,6 +43,7 @@ sees a GPU. Planning for GPUs on a machine without one, it says so and returns t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -55,7 +56,8 @@ import numpy as np
 import torch
 
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import REFERENCE, DeviceWork, JudgeConfig, rank_correlation, time_works
+from torchrec_neuroshard.lab.judge import REFERENCE, DeviceWork, JudgeConfig, time_works
+from torchrec_neuroshard.lab.judgement import rank_correlation
 from torchrec_neuroshard.lab.refine_moves import PAIRS, Move, best_move, device_compute
 from torchrec_neuroshard.types import CostModel, Plan, ShardingKind, TableChoices, Task
 
@@ -230,10 +232,11 @@ class MeasuredRefiner:
         reference = _reference(task, plan, draws[0], on) if self.steady else ()
         level: list[float] = []  # the reference's first median: every time is steadied to it
         built = _BuiltWork(task, on)
+        calls = itertools.count()  # each timing's order drawn anew (judge.round_orders)
 
         def timer(task: Task, plans: Mapping[str, Plan], device: int, draw: int) -> dict[str, float]:
             work = {name: built(plan, device) for name, plan in plans.items()}
-            rows = time_works(work, device, [draws[draw]], config, on=on, reference=reference)  # a row per plan
+            rows = time_works(work, device, [draws[draw]], config, rotation=next(calls), on=on, reference=reference)  # a row per plan
             steadier = next((np.asarray(r["fused_ms"]) for r in rows if r["planner"] == REFERENCE), None)  # [rounds]
             if steadier is not None and not level:
                 level.append(float(np.median(steadier)))
