@@ -193,7 +193,7 @@ def _run_lines(run: _Run) -> list[str]:
     config, judged, refined = run.config, run.judged, run.refined
     won = wins(judged)
     lines = [
-        f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
+        f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; plans built and timed in the {config.order} order; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
         f"Refined for {_budget(refined['seconds'], refined.get('early_stop', False), refined.get('pairs', 0), refined.get('checks', 0))}, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
         f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
