@@ -16,8 +16,9 @@ heaviest first, to the least loaded device).
 One CPU cannot run 16 devices at once, so every device's work as DMP builds it (its fused
 FBGEMM kernels; data-parallel tables as a dense kernel and full-table update) is timed
 here one device at a time (``lab.judge``: two passes in opposite device order, planners
-interleaved, their order rotated, a fixed reference timed in every round to divide the
-machine's drift out). A plan's compute is its slowest device: the step waits
+interleaved in an order drawn anew, a fixed reference timed in every round to divide the
+machine's drift out, and NeuroShard's plan built and timed a second time: what separates
+the two copies is the judge's own error). A plan's compute is its slowest device: the step waits
 for it. Collectives are not timed: the emulated devices would run them over a cluster's
 links, which NeuroShard prices from the ``Topology`` (as TorchRec's estimator does).
 """
@@ -43,7 +44,7 @@ from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.judge import JudgeConfig, judge_plans
-from torchrec_neuroshard.lab.judgement import Judged, judgements, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judgement import Judged, copy_check, judgements, rank_correlation, ratio_interval, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.torchrec_baseline import per_rank_batch, run_torchrec, topology_for
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
@@ -88,13 +89,14 @@ def plan_all(task: Task, model) -> tuple[dict[str, Plan], dict[str, float]]:
     return plans, seconds
 
 
-def measure(task: Task, plans: dict[str, Plan], config: JudgeConfig) -> dict[str, Judged]:
+def measure(task: Task, plans: dict[str, Plan], config: JudgeConfig) -> tuple[dict[str, Judged], tuple | None]:
     """Every device of every plan timed here by ``lab.judge``'s protocol (steadied by its
-    reference where ``config`` times one)."""
+    reference where ``config`` times one), and the run's check against itself where
+    ``config`` times a copy of the first plan (``judgement.copy_check``)."""
     draws = [task_lookups(task, seed=0, draw=d) for d in range(config.draws)]
     with threadpool_limits(1), cpu_threads(1):
         rows = judge_plans(task, plans, draws, config, progress=lambda it: tqdm(it, desc="devices timed", leave=False))
-    return judgements(rows, task.num_devices, config)
+    return judgements(rows, task.num_devices, config), copy_check(rows, task.num_devices, config)
 
 
 def predicted(task: Task, plans: dict[str, Plan], model) -> dict[str, np.ndarray]:
@@ -194,14 +196,19 @@ def main(argv: list[str] | None = None) -> None:
     title = f"{args.tables} tables of held-out pool {args.pool} on {args.devices} emulated devices, global batch {task.batch_size}"
     print(f"{title}\nNeuroShard's cost model: the shipped one measured on {model.hardware.name} ({model.hardware.cores} cores)", flush=True)
     plans, seconds = plan_all(task, model)
-    judged = measure(task, plans, JudgeConfig(passes=2, draws=args.draws, rounds=args.rounds, repeats=3, reference=True))
+    judged, check = measure(task, plans, JudgeConfig(passes=2, draws=args.draws, rounds=args.rounds, repeats=3, reference=True, copy=True))
     predictions = predicted(task, plans, model)
     shown = ["neuroshard", "torchrec", best_heuristic(judged)]
     print(f"\n{summary(judged, predictions, seconds, plans)}")
     units = len(judged["neuroshard"].times)
     print(
         f"compute: the slowest device's median over {units} units (pass x draw x round), each time divided by a fixed "
-        "reference's timed in the same round (the machine's drift); below 1.000, NeuroShard's plan is the faster\n"
+        "reference's timed in the same round (the machine's drift); below 1.000, NeuroShard's plan is the faster"
+    )
+    ratio, low, high = check
+    print(
+        f"the judge against itself: NeuroShard's plan built and timed a second time read {ratio:.3f} ({low:.3f}-{high:.3f}) "
+        f"of itself{'' if low <= 1.0 <= high else ': its interval leaves out 1, so this run cannot resolve plans that close'}\n"
     )
     print(f"Per device, measured compute (bars) and NeuroShard's model's prediction:\n{bars(judged, predictions, shown)}")
     save_png(args.png, judged, predictions, shown, title)

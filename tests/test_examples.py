@@ -86,13 +86,15 @@ def test_the_demo_trains_dlrm_under_each_planners_plan_on_two_gloo_ranks() -> No
 @pytest.mark.measure
 def test_the_demo_times_every_device_of_each_plan_and_draws_them(tmp_path: Path) -> None:
     """``make demo``'s example on a small task: a row per planner, NeuroShard's ratio to
-    itself 1, a bar per device for NeuroShard, TorchRec and the faster heuristic, each
+    itself 1, the judge's copy of NeuroShard's plan against it, a bar per device for NeuroShard, TorchRec and the faster heuristic, each
     planner's compute its slowest device's bar (marked), and the chart as a PNG."""
     png = tmp_path / "chart.png"
     out = _run(sys.executable, "examples/compare_plans.py", "--tables", "24", "--devices", "4", "--draws", "1", "--rounds", "1", "--png", str(png))
     rows = {name: (float(compute), ratio) for name, compute, ratio in re.findall(r"^\| (\w+) \| [\d.]+ \| ([\d.]+) \| [\d.]+ \| ([\d.]+) ", out, re.M)}
     assert set(rows) == {"neuroshard", "torchrec", "lookup", "size_lookup"}, out
     assert rows["neuroshard"][1] == "1.000", out
+    ratio, low, high = map(float, re.search(r"the judge against itself: .* read ([\d.]+) \(([\d.]+)-([\d.]+)\) of itself", out).groups())
+    assert 0 < low <= ratio <= high, out
     bars: dict[str, list[float]] = {}
     slowest: dict[str, list[float]] = {}
     for name, ms, mark in re.findall(r"^(?:dev\s+\d+|\s+)\s+(\w+)\s+#+\s+([\d.]+) ms\s+\(predicted\s+[\d.]+\)( <- slowest)?$", out, re.M):
