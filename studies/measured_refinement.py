@@ -5,11 +5,13 @@ plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference --first-draw 0
     taskset -c 1 python -m studies.measured_refinement measure --devices 8 --pool-seed 4 --rounds 2 --reference --copy --first-draw 6
+    taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference --copy --first-draw 4 --plans-sha fa035adbcc68
     python -m studies.measured_refinement report
 
 (the results' tasks: D = 8 and 16 on pools 2-4, D = 32 on pool 2). ``measure`` judges on
 ids the refiner never timed unless ``--first-draw 0`` (its own: a selection on the noise);
-``--copy`` times NeuroShard's plan a second time, built again: the run's A/A check.
+``--copy`` times NeuroShard's plan a second time, built again: the run's A/A check;
+``--plans-sha`` judges an earlier run's plans again (an earlier refined plan).
 
 ``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
 one the scale benchmark judged) refined on this machine as ``NeuroShardPlanner(refiner=
@@ -108,9 +110,12 @@ def _refined_row(pool_seed: int, devices: int, sha: str) -> dict:
     raise ValueError(f"no refined plan of pool {pool_seed}, D = {devices} in {PLANNED} gives the measured plans {sha}: was it re-planned?")
 
 
-def measure(devices: int, pool_seed: int, config: JudgeConfig) -> None:
+def measure(devices: int, pool_seed: int, config: JudgeConfig, sha: str | None = None) -> None:
+    """The judge over the task's last refined plan beside the stored ones, or over the
+    plans of an earlier judged run ``sha`` (its refined plan judged again)."""
     draws = task_draws(devices, pool_seed, config.draws, config.first_draw)
-    judge_task(devices, pool_seed, _plans(devices, pool_seed), config, draws, MEASURED)
+    refined = _refined_row(pool_seed, devices, sha) if sha else None
+    judge_task(devices, pool_seed, _plans(devices, pool_seed, refined), config, draws, MEASURED)
 
 
 @dataclass(frozen=True)
@@ -268,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         "--first-draw", type=int, default=MeasuredRefiner.draws,
         help="measure: the judge's first draw of ids (default: past the refiner's own draws, 0 on)",
     )  # fmt: skip
+    p.add_argument("--plans-sha", help="measure: the plans of this earlier judged run (the report's 'plans SHA'), not the task's last refined plan")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("torchrec_neuroshard").setLevel(logging.INFO)
@@ -276,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.step == "refine":
             refine(args.devices, args.pool_seed, args.seconds)
         elif args.step == "measure":
-            measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference, first_draw=args.first_draw, copy=args.copy))
+            measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference, first_draw=args.first_draw, copy=args.copy), args.plans_sha)
     if args.step == "report":
         print(report())
 
