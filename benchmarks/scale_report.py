@@ -77,6 +77,38 @@ def copy_text(rows: list[dict], devices: int) -> str | None:
     return f"{interval_text(check)}: {'holds 1' if resolved else 'LEAVES OUT 1, so the intervals of this run do not hold its own error'}"
 
 
+def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> list[str]:
+    """The section on the judge itself, for each task whose last run timed a copy: the copy
+    against its first plan, NeuroShard against the best heuristic and the passes' agreement,
+    each steadied by the reference as the tables above are, and plain (the same rows)."""
+    lines = []
+    for pool_seed, devices in tasks:
+        last = last_judged(measured_rows, pool_seed, devices)
+        config = JudgeConfig.of(last[0]) if last else None
+        if config is None or copy_check(last, devices, config) is None:
+            continue
+        cells = []
+        for steady in (True, False):
+            judged = judgements(last, devices, config, steady)
+            best = best_heuristic(judged)
+            agree = statistics.median(j.passes_agree for j in judged.values())
+            cells.append((interval_text(copy_check(last, devices, config, steady)), f"{ratio_text(judged['neuroshard'], judged.get(best)) if 'neuroshard' in judged else '-'} {best}", f"{agree:.2f}"))
+        lines.append(f"| {pool_seed} | {devices} | " + " | ".join(f"{a} | {b}" for a, b in zip(*cells)) + " |")
+    if not lines:
+        return []
+    return [
+        "", "## The judge against itself", "",
+        "The first plan built and timed a second time among the plans (`JudgeConfig.copy`): its copy's compute over "
+        "its own, with the run's interval; beside it, from the same rows, NeuroShard over the best heuristic and the "
+        "median over plans of the passes' agreement (`Judged.passes_agree`), steadied by the reference (as above) and "
+        "plain. The copy shares its plan's devices, so it checks the noise at one plan's slowest devices, not the "
+        "comparison of two plans' different devices, which the reference's own noise moves.", "",
+        "| pool | D | copy / first plan, steadied | plain | NeuroShard / best heuristic, steadied | plain | passes agree, steadied | plain |",
+        "|---|---|---|---|---|---|---|---|",
+        *lines,
+    ]  # fmt: skip
+
+
 def interval_text(interval: tuple[float, float, float]) -> str:
     """A (ratio, low, high) of ``lab.judge``'s intervals as the reports print it."""
     ratio, low, high = interval
@@ -211,12 +243,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         ]  # fmt: skip
         for t in (t for t in tasks if t[0] == pool_seed):
             lines += task_lines(*t, planned[t], judged[t])
-    checks = {t: copy_text(last_judged(measured_rows, *t), t[1]) for t in tasks}
-    if any(checks.values()):
-        lines += ["", "## The judge against itself", "", "The first plan built and timed a second time among the plans "
-                  "(`JudgeConfig.copy`): its copy's compute over its own, with the run's interval.", "",
-                  "| pool | D | copy / first plan (90% interval) |", "|---|---|---|"]  # fmt: skip
-        lines += [f"| {pool} | {d} | {text} |" for (pool, d), text in checks.items() if text]
+    lines += judge_lines(measured_rows, tasks)
     lines += _variant_lines(judged)
     lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + model_lines(planned, judged)
     text = "\n".join(lines) + "\n"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from benchmarks.scale import POOL_SEEDS, scale_task
-from benchmarks.scale_report import judged_task, latest_plans
+from benchmarks.scale_report import judge_lines, judged_task, latest_plans
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.published_comm import INTER_HOST_GBPS, INTRA_HOST_GBPS, LATENCY_MS, PublishedLinks, modelled_comm
@@ -83,6 +83,27 @@ def test_the_report_reads_the_last_plans_and_the_last_judged_set_of_complete_pla
     shuffled = [{**r, "order": "shuffled", "fused_ms": [7.0, 7.0]} for r in rows[2:4]]
     assert judged_task(rows + shuffled[:1], 2, 2) == {}  # its device 1 not yet timed: no mix with the rotated run's
     assert judged_task(rows + shuffled, 2, 2)["a"].compute_ms == 7.0
+
+
+def test_the_judges_section_reads_each_run_steadied_and_plain_and_skips_runs_without_a_copy() -> None:
+    """NeuroShard's slowest device is its device 0, the heuristic's its device 1, timed when
+    the reference read half what it read at device 0 (a fast minute): plain, NeuroShard is
+    the slower (1.0 against 0.9 ms); steadied, the heuristic's device 1 is read at the
+    reference's median speed (1.35) and NeuroShard's device 0 at 0.75, so NeuroShard is faster."""
+    config = {"passes": 2, "draws": 1, "rounds": 1, "repeats": 1, "reference": True, "copy": True, "order": "shuffled"}
+
+    def row(planner: str, p: int, device: int, ms: float) -> dict:
+        return {"pool_seed": 2, "devices": 2, "plans_sha": "s", **config, "pass": p, "draw": 0, "device": device,
+                "planner": planner, "fused_ms": [ms], "replicas_ms": [0.0]}  # fmt: skip
+
+    rows = [row(name, p, d, 0.4 if d == 1 else 1.0) for name in ("neuroshard", "_copy") for p in (0, 1) for d in (0, 1)]
+    rows += [row("lookup", p, d, 0.9 if d == 1 else 0.5) for p in (0, 1) for d in (0, 1)]
+    rows += [row("_reference", p, d, 0.5 if d == 1 else 1.0) for p in (0, 1) for d in (0, 1)]
+    (line,) = [x for x in judge_lines(rows, [(2, 2)]) if x.startswith("| 2 | 2 |")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2:4] == ["1.000 (1.000-1.000)", "1.000 (1.000-1.000)"]  # the copy, steadied and plain
+    assert cells[4].startswith("0.556 ") and cells[5].startswith("1.111 ") and cells[5].endswith(" lookup")
+    assert judge_lines([r for r in rows if r["planner"] != "_copy"], [(2, 2)]) == []
 
 
 @pytest.mark.slow
