@@ -48,13 +48,15 @@ from tqdm import tqdm
 
 from benchmarks.fullsize import PLANNERS as FULLSIZE_PLANNERS
 from benchmarks.fullsize import plan_with
-from benchmarks.scale_report import MEASURED, PLANNED, latest_plans, ok_rows, write_report
+from benchmarks.scale_report import MEASURED, PLANNED, last_judged, latest_plans, ok_rows, write_report
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, cost_model_for
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.evaluate import task_lookups
-from torchrec_neuroshard.lab.judge import JudgeConfig, judge_plans
+from torchrec_neuroshard.lab.final_round import contenders, free_memory_bytes, time_final
+from torchrec_neuroshard.lab.judge import COPY, FINAL, REFERENCE, JudgeConfig, judge_plans, with_copy
+from torchrec_neuroshard.lab.judgement import judgements
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.torchrec_baseline import topology_for as torchrec_topology
 from torchrec_neuroshard.lab.workloads import DLRM_NUM_TABLES, HELD_OUT_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
@@ -209,6 +211,31 @@ def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config:
     )  # fmt: skip
 
 
+def final_round(num_devices: int, pool_seed: int, plans: dict[str, Plan], top: int, out: Path, rounds: int = 6) -> None:
+    """The final round (``lab.final_round``) of the task's last judged run in ``out``, over
+    its ``plans``: each plan's ``top`` slowest devices by the run's passes (steadied where it
+    timed a reference; the copy takes its plan's) timed side by side in ``rounds`` rounds on the
+    run's draws of ids, rows appended beside the run's; nothing where the run holds its final round."""
+    run = last_judged(read_rows(out), pool_seed, num_devices)
+    if not run:
+        raise ValueError(f"pool {pool_seed}, D = {num_devices}: no judged run in {out}: run measure first")
+    config, cpu, sha = JudgeConfig.of(run[0]), local_hardware("cpu").describe(), run[0]["plans_sha"]
+    if any(r.get("stage") == FINAL for r in run):
+        return
+    if (run[0].get("cpu"), plans_sha(plans)) != (cpu, sha):
+        raise ValueError(f"pool {pool_seed}, D = {num_devices}: the last run timed plans {sha} on {run[0].get('cpu')}, not these plans on {cpu}: hold its final round there, on its plans")
+    judged = judgements(run, num_devices, config)
+    if set(judged) != set(plans):
+        raise ValueError(f"pool {pool_seed}, D = {num_devices}: the run measured {sorted(judged)} in full, of {sorted(plans)}: run measure to the end first")
+    chosen = contenders(judged, top)
+    if config.copy:  # the copy's contenders are its plan's
+        plans, chosen = with_copy(plans), {**chosen, COPY: chosen[next(iter(plans))]}
+    draws = task_draws(num_devices, pool_seed, config.draws, config.first_draw)
+    rows = time_final(scale_task(num_devices, pool_seed), plans, chosen, draws, config, memory_bytes=0.8 * free_memory_bytes(), rounds=rounds)
+    key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": cpu, **dataclasses.asdict(config), "top": top}
+    append_rows(out, [{**key, **r} for r in rows])
+
+
 def _planner_name(name: str) -> str:
     if name in PLANNERS or name.startswith("neuroshard_"):
         return name
@@ -217,7 +244,7 @@ def _planner_name(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["plan", "keep", "measure", "report"])
+    p.add_argument("step", choices=["plan", "keep", "measure", "final", "report"])
     p.add_argument("--devices", type=int, nargs="+", default=list(DEVICES))
     p.add_argument("--pool-seeds", type=int, nargs="+", default=list(POOL_SEEDS))
     p.add_argument(
@@ -234,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=JudgeConfig.rounds)
     p.add_argument("--no-reference", dest="reference", action="store_false", help="measure: time no reference to steady the plans by")
     p.add_argument("--no-copy", dest="copy", action="store_false", help="measure: time no second copy of the first plan (the A/A check)")
+    p.add_argument("--top", type=int, default=2, help="final: each plan's slowest devices timed side by side")
+    p.add_argument("--final-rounds", type=int, default=6, help="final: rounds a draw")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     with threadpool_limits(limits=1), cpu_threads(1):
@@ -247,6 +276,11 @@ def main(argv: list[str] | None = None) -> None:
                     p.error("keep: name one planner (--planners NAME) and the name to keep its plan as (--as neuroshard_LABEL)")
                 for d in args.devices:
                     keep(d, pool_seed, args.planners[0], args.label)
+                continue
+            if args.step == "final":
+                for d in args.devices:
+                    run = [n for n in dict.fromkeys(r["planner"] for r in last_judged(read_rows(MEASURED), pool_seed, d)) if n not in (COPY, REFERENCE)]
+                    final_round(d, pool_seed, stored_plans(d, pool_seed, run), args.top, MEASURED, args.final_rounds)
                 continue
             config = JudgeConfig(args.passes, args.draws, args.rounds, reference=args.reference, copy=args.copy)
             draws = task_draws(args.devices[0], pool_seed, config.draws)

@@ -20,7 +20,8 @@ import numpy as np
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
-from torchrec_neuroshard.lab.judgement import Judged, copy_check, judgements, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judge import COPY
+from torchrec_neuroshard.lab.judgement import Judged, copy_check, final_judgements, judgements, rank_correlation, ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 
 RESULTS = Path(__file__).parent / "results"
@@ -79,21 +80,26 @@ def copy_text(rows: list[dict], devices: int) -> str | None:
 
 def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> list[str]:
     """The section on the judge itself, for each task whose last run timed a copy: the copy
-    against its first plan, NeuroShard against the best heuristic and the passes' agreement,
-    each steadied by the reference as the tables above are, and plain (the same rows)."""
+    against its first plan and NeuroShard against the best heuristic, read steadied by the
+    reference (as the tables above are), plain (the same rows) and in the run's final round
+    where it held one (``lab.final_round``); and the passes' agreement steadied and plain."""
     lines = []
     for pool_seed, devices in tasks:
         last = last_judged(measured_rows, pool_seed, devices)
         config = JudgeConfig.of(last[0]) if last else None
         if config is None or copy_check(last, devices, config) is None:
             continue
-        cells = []
+        copies, ours, agree = [], [], []
         for steady in (True, False):
             judged = judgements(last, devices, config, steady)
-            best = best_heuristic(judged)
-            agree = statistics.median(j.passes_agree for j in judged.values())
-            cells.append((interval_text(copy_check(last, devices, config, steady)), f"{ratio_text(judged['neuroshard'], judged.get(best)) if 'neuroshard' in judged else '-'} {best}", f"{agree:.2f}"))
-        lines.append(f"| {pool_seed} | {devices} | " + " | ".join(f"{a} | {b}" for a, b in zip(*cells)) + " |")
+            copies.append(interval_text(copy_check(last, devices, config, steady)))
+            ours.append(_ours_text(judged))
+            agree.append(f"{statistics.median(j.passes_agree for j in judged.values()):.2f}")
+        final = final_judgements(last, config)
+        first = next(iter(judgements(last, devices, config)))
+        copies.append(ratio_text(final[COPY], final.get(first)) if COPY in final else "-")
+        ours.append(_ours_text({n: j for n, j in final.items() if n != COPY}) if final else "-")
+        lines.append(f"| {pool_seed} | {devices} | " + " | ".join(copies + ours + agree) + " |")
     if not lines:
         return []
     return [
@@ -102,11 +108,20 @@ def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> 
         "its own, with the run's interval; beside it, from the same rows, NeuroShard over the best heuristic and the "
         "median over plans of the passes' agreement (`Judged.passes_agree`), steadied by the reference (as above) and "
         "plain. The copy shares its plan's devices, so it checks the noise at one plan's slowest devices, not the "
-        "comparison of two plans' different devices, which the reference's own noise moves.", "",
-        "| pool | D | copy / first plan, steadied | plain | NeuroShard / best heuristic, steadied | plain | passes agree, steadied | plain |",
-        "|---|---|---|---|---|---|---|---|",
+        "comparison of two plans' different devices, which the reference's own noise moves. Final: the run's final "
+        "round, where it held one (`python -m benchmarks.scale final`: each plan's slowest devices by the steadied "
+        "passes, the copy taking its plan's, built together and timed side by side, no reference).", "",
+        "| pool | D | copy / first plan, steadied | plain | final | NeuroShard / best heuristic, steadied | plain | final "
+        "| passes agree, steadied | plain |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *lines,
     ]  # fmt: skip
+
+
+def _ours_text(judged: Mapping[str, Judged]) -> str:
+    """NeuroShard over the best heuristic among ``judged``, the heuristic named."""
+    best = best_heuristic(judged)
+    return f"{ratio_text(judged['neuroshard'], judged.get(best)) if 'neuroshard' in judged else '-'} {best}"
 
 
 def interval_text(interval: tuple[float, float, float]) -> str:

@@ -6,12 +6,14 @@ plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference --first-draw 0
     taskset -c 1 python -m studies.measured_refinement measure --devices 8 --pool-seed 4 --rounds 2 --reference --copy --first-draw 6
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference --copy --first-draw 4 --plans-sha fa035adbcc68
+    taskset -c 1 python -m studies.measured_refinement final --devices 16 --pool-seed 4 --plans-sha fa035adbcc68
     python -m studies.measured_refinement report
 
 (the results' tasks: D = 8 and 16 on pools 2-4, D = 32 on pool 2). ``measure`` judges on
 ids the refiner never timed unless ``--first-draw 0`` (its own: a selection on the noise);
 ``--copy`` times NeuroShard's plan a second time, built again: the run's A/A check;
-``--plans-sha`` judges an earlier run's plans again (an earlier refined plan).
+``--plans-sha`` judges an earlier run's plans again (an earlier refined plan); ``final``
+holds the last run's final round (``lab.final_round``: each plan's slowest devices side by side).
 
 ``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
 one the scale benchmark judged) refined on this machine as ``NeuroShardPlanner(refiner=
@@ -38,12 +40,12 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from benchmarks.scale import judge_task, planning_model, plans_sha, stored_plans, task_draws
+from benchmarks.scale import final_round, judge_task, planning_model, plans_sha, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
 from benchmarks.scale_report import best_heuristic, copy_text, latest_plans, ratio_text
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import JudgeConfig
-from torchrec_neuroshard.lab.judgement import Judged, judgements, rank_correlation, wins
+from torchrec_neuroshard.lab.judge import COPY, JudgeConfig
+from torchrec_neuroshard.lab.judgement import Judged, final_judgements, judgements, rank_correlation, wins
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
 from torchrec_neuroshard.lab.refine import MeasuredRefiner
 from torchrec_neuroshard.lab.refine_moves import device_compute
@@ -132,6 +134,7 @@ class _Run:
     refined: dict
     plans: dict[str, Plan]
     check: str | None
+    final: dict[str, Judged]
 
     @staticmethod
     def of(pool_seed: int, devices: int, sha: str, rows: list[dict]) -> "_Run | None":
@@ -142,7 +145,8 @@ class _Run:
             return None
         refined = _refined_row(pool_seed, devices, sha)
         plans = _plans(devices, pool_seed, refined)
-        return _Run(pool_seed, devices, sha, rows[0]["cpu"], config, judged, refined, plans, copy_text(rows, devices))
+        final = final_judgements(rows, config)
+        return _Run(pool_seed, devices, sha, rows[0]["cpu"], config, judged, refined, plans, copy_text(rows, devices), final)
 
     @property
     def ids(self) -> str:
@@ -210,6 +214,13 @@ def _run_lines(run: _Run) -> list[str]:
         lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
     if run.check:
         lines += ["", f"The judge against itself: neuroshard built and timed again, its copy / neuroshard {run.check}."]
+    if run.final:
+        final, top = run.final, run.final["neuroshard"].times.shape[1]
+        best = best_heuristic({n: j for n, j in final.items() if n != COPY})
+        lines += ["", f"The final round (each plan's {top} slowest devices by the passes, built together and timed side by side, "
+                  f"no reference; {final['neuroshard'].times.shape[0]} units): {REFINED} / neuroshard {ratio_text(final[REFINED], final['neuroshard'])}, "
+                  f"copy / neuroshard {ratio_text(final.get(COPY), final['neuroshard']) if COPY in final else '-'}, "
+                  f"neuroshard / {best} {ratio_text(final['neuroshard'], final.get(best))}, {REFINED} / {best} {ratio_text(final[REFINED], final.get(best))}."]  # fmt: skip
     return lines + [""]
 
 
@@ -262,7 +273,7 @@ def _error_cells(run: _Run, task: Task, model: CostModel) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("step", choices=["refine", "measure", "report"])
+    p.add_argument("step", choices=["refine", "measure", "final", "report"])
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--pool-seed", type=int, default=2)
     p.add_argument("--seconds", type=float, default=240.0)
@@ -273,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
         "--first-draw", type=int, default=MeasuredRefiner.draws,
         help="measure: the judge's first draw of ids (default: past the refiner's own draws, 0 on)",
     )  # fmt: skip
+    p.add_argument("--top", type=int, default=2, help="final: each plan's slowest devices timed side by side (benchmarks.scale final_round)")
+    p.add_argument("--final-rounds", type=int, default=6, help="final: rounds a draw")
     p.add_argument("--plans-sha", help="measure: the plans of this earlier judged run (the report's 'plans SHA'), not the task's last refined plan")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -281,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     with threadpool_limits(limits=1), cpu_threads(1):
         if args.step == "refine":
             refine(args.devices, args.pool_seed, args.seconds)
+        elif args.step == "final":
+            refined = _refined_row(args.pool_seed, args.devices, args.plans_sha) if args.plans_sha else None
+            final_round(args.devices, args.pool_seed, _plans(args.devices, args.pool_seed, refined), args.top, MEASURED, args.final_rounds)
         elif args.step == "measure":
             measure(args.devices, args.pool_seed, JudgeConfig(rounds=args.rounds, reference=args.reference, first_draw=args.first_draw, copy=args.copy), args.plans_sha)
     if args.step == "report":

@@ -101,8 +101,12 @@ def test_the_judges_section_reads_each_run_steadied_and_plain_and_skips_runs_wit
     rows += [row("_reference", p, d, 0.5 if d == 1 else 1.0) for p in (0, 1) for d in (0, 1)]
     (line,) = [x for x in judge_lines(rows, [(2, 2)]) if x.startswith("| 2 | 2 |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[2:4] == ["1.000 (1.000-1.000)", "1.000 (1.000-1.000)"]  # the copy, steadied and plain
-    assert cells[4].startswith("0.556 ") and cells[5].startswith("1.111 ") and cells[5].endswith(" lookup")
+    assert cells[2:5] == ["1.000 (1.000-1.000)", "1.000 (1.000-1.000)", "-"]  # the copy, steadied, plain, no final round
+    assert cells[5].startswith("0.556 ") and cells[6].startswith("1.111 ") and cells[6].endswith(" lookup") and cells[7] == "-"
+    final = [{**r, "stage": "final", "pass": -1, "fused_ms": [2.0 if r["planner"] == "lookup" else 1.0]} for r in rows if r["device"] == 0 and r["pass"] == 0 and r["planner"] != "_reference"]
+    (line,) = [x for x in judge_lines(rows + final, [(2, 2)]) if x.startswith("| 2 | 2 |")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[4] == "1.000 (1.000-1.000)" and cells[7] == "0.500 (0.500-0.500) lookup"  # side by side, no reference
     assert judge_lines([r for r in rows if r["planner"] != "_copy"], [(2, 2)]) == []
 
 

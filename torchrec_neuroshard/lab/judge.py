@@ -42,6 +42,8 @@ REFERENCE = "_reference"
 """The rows of the reference work (``JudgeConfig.reference``), beside the plans'."""
 COPY = "_copy"
 """The rows of the first plan's second copy (``JudgeConfig.copy``), beside the plans'."""
+FINAL = "final"
+"""The ``stage`` of the final round's rows (``lab.final_round``), beside the passes' rows."""
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 plan's time in a unit is its slowest device, and its compute the slowest device's median
 over units. Ratios come with a paired bootstrap interval over units, the units each plan is
 fastest in are counted, and a run that timed a copy of its first plan checks itself by it.
+A run's final round (``lab.final_round``) is read apart: its units are its own rounds.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from torchrec_neuroshard.lab.judge import COPY, REFERENCE, JudgeConfig
+from torchrec_neuroshard.lab.judge import COPY, FINAL, REFERENCE, JudgeConfig
 from torchrec_neuroshard.lab.training import spearman
 
 @dataclass(frozen=True)
@@ -88,12 +89,31 @@ def copy_check(rows: Sequence[dict], num_devices: int, config: JudgeConfig, stea
 def _judged(rows: Sequence[dict], num_devices: int, config: JudgeConfig, steady: bool) -> dict[str, Judged]:
     """Per name in ``rows`` but the reference's, its measurement where complete, steadied as ``judgements`` says."""
     out = {}
+    rows = [r for r in rows if r.get("stage") != FINAL]
     for name in dict.fromkeys(r["planner"] for r in rows):
         judged = Judged.of([r for r in rows if r["planner"] == name], num_devices, config)
         if judged is not None:
             out[name] = judged
     reference = out.pop(REFERENCE, None)
     return {n: j.steadied(reference) for n, j in out.items()} if steady and reference is not None else out
+
+
+def final_judgements(rows: Sequence[dict], config: JudgeConfig) -> dict[str, Judged]:
+    """Per plan (the copy too) in a run's final round (``lab.final_round``), its contenders'
+    times [draws x rounds, contenders] (the final round's own rounds), where complete; no
+    reference divides them."""
+    final = [r for r in rows if r.get("stage") == FINAL]
+    rounds = len(final[0]["fused_ms"]) if final else 0
+    out = {}
+    for name in dict.fromkeys(r["planner"] for r in final):
+        mine = [r for r in final if r["planner"] == name]
+        devices = sorted({r["device"] for r in mine})
+        times = np.full((config.draws, rounds, len(devices)), np.nan)  # [draw, round, contender]
+        for r in mine:
+            times[r["draw"], :, devices.index(r["device"])] = np.add(r["fused_ms"], r["replicas_ms"])
+        if not np.isnan(times).any():
+            out[name] = Judged(times.reshape(config.draws * rounds, len(devices)))
+    return out
 
 
 def ratio_interval(a: Judged, b: Judged, samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
