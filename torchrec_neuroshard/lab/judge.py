@@ -22,7 +22,9 @@ whole-table gradient, and its SGD update). The protocol, for a noisy machine (is
   plan: the run's A/A check (``copy_check``), since two copies of one plan differ only by
   the judge's own error;
 - a unit is one (pass, draw, round): ``judgement`` reads the rows into each plan's compute
-  and ratios with their intervals.
+  and ratios with their intervals;
+- a final round (``lab.final_round``) may then time each plan's slowest devices side by
+  side, where plans whose slowest devices differ are compared within one visit.
 """
 
 from __future__ import annotations
