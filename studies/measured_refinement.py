@@ -217,7 +217,7 @@ def _run_lines(run: _Run) -> list[str]:
     if run.final:
         final, top = run.final, run.final["neuroshard"].times.shape[1]
         best = best_heuristic({n: j for n, j in final.items() if n != COPY})
-        lines += ["", f"The final round (each plan's {top} slowest devices by the passes, built together and timed side by side, "
+        lines += ["", f"The final round (each plan's {top} slowest device{'s' if top > 1 else ''} by the passes, built together and timed side by side, "
                   f"no reference; {final['neuroshard'].times.shape[0]} units): {REFINED} / neuroshard {ratio_text(final[REFINED], final['neuroshard'])}, "
                   f"copy / neuroshard {ratio_text(final.get(COPY), final['neuroshard']) if COPY in final else '-'}, "
                   f"neuroshard / {best} {ratio_text(final['neuroshard'], final.get(best))}, {REFINED} / {best} {ratio_text(final[REFINED], final.get(best))}."]  # fmt: skip
