@@ -3,6 +3,7 @@
     python -m benchmarks.scale plan      # every planner plans every (pool, D): results/scale_planned.jsonl.gz
     python -m benchmarks.scale keep --planners neuroshard --as neuroshard_LABEL  # before a re-plan: judge both
     python -m benchmarks.scale measure   # the judge times every device here (resumable): results/scale_measured.jsonl.gz
+    python -m benchmarks.scale final     # each plan's slowest devices timed side by side (lab.final_round), beside the rows
     python -m benchmarks.scale report    # benchmarks/results/scale.md
 
 The tasks: 856 tables of a synthetic pool at the CPU scale (rows / 64, global batch 4,096,
@@ -26,8 +27,10 @@ The judge is not our cost model: ``lab.judge`` times each device of every plan h
 DMP runs it (fused kernels, the data-parallel tables' dense kernel and update), in passes
 of opposite device order, draws of ids and interleaved rounds, each time divided by a fixed
 reference's in the same round (``--no-reference``: not), and the first plan (NeuroShard's)
-built and timed twice, the run's A/A check (``--no-copy``: not). Plans are kept with their
-rows, so a re-measure never re-plans.
+built and timed twice, the run's A/A check (``--no-copy``: not). ``final`` then times each
+plan's ``--top`` slowest devices by the passes together, in the same rounds, with no
+reference (``--top 1`` at D = 8 on a 24 GB machine: the contenders are built at once).
+Plans are kept with their rows, so a re-measure never re-plans.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
     lines = [
         "# 856 tables on 8 to 128 devices, measured device by device",
         "",
-        f"`python -m benchmarks.scale plan && python -m benchmarks.scale measure && python -m benchmarks.scale report`; "
+        f"`python -m benchmarks.scale plan && python -m benchmarks.scale measure && python -m benchmarks.scale final && python -m benchmarks.scale report`; "
         f"{machine}, one thread; report written {datetime.date.today().isoformat()}. Compute: each device of every plan "
         "timed here as DMP runs it (fused kernels, and the data-parallel tables' dense kernel and update at the device's "
         "local batch; rows / 64, global batch 4,096) by `lab.judge`; a plan's compute is its slowest device's median over "
