@@ -7,7 +7,7 @@ model on its links, a hot table replicated or split by rows, over one host or tw
 beam over column splits, the local search, and planning module by module. Each task was
 checked to plan alike on repeated runs and under other thread counts (numpy's BLAS and
 torch's), so a difference here is the search's, not the floats'. On another CPU kind than
-the one that recorded the fixture (its ``_recorded_on``), the nets' floats differ in the
+the one that recorded the fixture (its ``_recorded_on`` and ``_recorded_isa``), the nets' floats differ in the
 last bits and may break a near-tie between two devices the other way: there every table
 keeps its recorded kind, widths and rows, and the plan is priced within ``TIE`` of the
 recorded one (both priced here); the devices may differ.
@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from torchrec_neuroshard.access import uniform_access_histogram
 from torchrec_neuroshard.comm import AlphaBetaComm
@@ -38,6 +39,10 @@ FIXTURE = Path(__file__).parent / "data" / "plan_identity.json"
 
 RECORDED_ON = "_recorded_on"
 """The fixture's entry naming the CPU that recorded it (a part of ``hardware.cpu_name``)."""
+RECORDED_ISA = "_recorded_isa"
+"""The fixture's entry naming the vector instructions torch's CPU kernels used there
+(``torch.backends.cpu.get_cpu_capability``): two CPUs of one name (AMD EPYC with and
+without AVX-512) round the nets' floats apart and break near-ties differently."""
 TIE = 1e-3
 """On another CPU kind: the relative difference in predicted step cost a near-tie may make."""
 
@@ -136,7 +141,7 @@ def test_the_search_makes_the_recorded_plan(case: Case, recorded: dict) -> None:
     task, model = build(case)
     assert task_digest(task) == want["task"], "the task generator drew another task: the fixture no longer tests the search"
     plan = search(task, model).plan
-    if recorded[RECORDED_ON] in cpu_name():
+    if recorded[RECORDED_ON] in cpu_name() and recorded.get(RECORDED_ISA) == torch.backends.cpu.get_cpu_capability():
         assert plan.to_dict() == want["plan"]
         return
     wanted = Plan.from_dict(want["plan"])
@@ -151,7 +156,7 @@ def _shapes(plan: Plan) -> list[tuple]:
 
 
 def test_the_fixture_holds_every_case(recorded: dict) -> None:
-    assert set(recorded) - {RECORDED_ON} == {c.name for c in CASES}
+    assert set(recorded) - {RECORDED_ON, RECORDED_ISA} == {c.name for c in CASES}
 
 
 if __name__ == "__main__":
@@ -159,6 +164,6 @@ if __name__ == "__main__":
     parser.add_argument("--write", action="store_true", help=f"re-plan every case and write {FIXTURE}")
     if parser.parse_args().write:
         FIXTURE.parent.mkdir(exist_ok=True)
-        fixture = {RECORDED_ON: cpu_name(), **{c.name: planned(c) for c in CASES}}
+        fixture = {RECORDED_ON: cpu_name(), RECORDED_ISA: torch.backends.cpu.get_cpu_capability(), **{c.name: planned(c) for c in CASES}}
         FIXTURE.write_text(json.dumps(fixture, separators=(",", ":")) + "\n")
         print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size:,} bytes)")
