@@ -31,7 +31,7 @@ DMP_STEP = sorted(p.name.removesuffix(".jsonl.gz") for p in RESULTS.glob("dmp_st
 STEP_SUITES = ("step_suite_batchnet", "step_suite_calibrated")
 RENDERED = {
     *(f"{n}.md" for n in (*DMP_STEP, *STEP_SUITES)),
-    *("batch_curve.md", "fullsize.md", "gpu_compute.md", "scale.md", "search_speed_full.md"),
+    *("batch_curve.md", "fullsize.md", "gpu_compute.md", "scale.md", "scale_full.md", "search_speed_full.md"),
     *("uvm.md", "uvm_pool0.md", "uvm_gpu.md", "validate_evaluator.md", "vs_torchrec_objective.md"),
 }
 NOT_RENDERED = {
@@ -91,9 +91,10 @@ def test_planning_reports() -> None:
 
 
 def test_gpu_measured_reports() -> None:
-    from benchmarks import gpu_compute, uvm_gpu
+    from benchmarks import gpu_compute, scale_full, uvm_gpu
 
     assert_in_report("gpu_compute.md", gpu_compute.report())
+    assert_in_report("scale_full.md", scale_full.report([scale_full.MEASURED]))
     assert_in_report("uvm_gpu.md", uvm_gpu.report())
 
 

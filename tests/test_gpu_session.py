@@ -86,9 +86,10 @@ def test_the_report_gives_each_plans_slowest_device_its_ratio_to_torchrec_and_th
                 "replicas_ms": [0.0, 0.0], "predicted_ms": predicted}  # fmt: skip
 
     rows = [row("torchrec_timeout", 0, 4.0, 4.0), row("torchrec_timeout", 1, 2.0, 2.0), row("neuroshard", 0, 3.0, 1.5), row("neuroshard", 1, 2.0, 2.0)]
+    rows += [row("size_lookup", 0, 5.0, 5.0), row("size_lookup", 1, 1.0, 1.0)]
     append_rows(tmp_path / "rows.jsonl", rows + [{**row("lookup", 0, 1.0, 1.0), "devices": 16}])
     text = scale_full.report([tmp_path / "rows.jsonl"])
-    assert "| NVIDIA H200 | 2 | 2 | neuroshard | 3.00 | 1.20 | 0.750 (0.750-0.750) | 2.00 | 25.0% |" in text, text
+    assert "| NVIDIA H200 | 2 | 2 | neuroshard | 3.00 | 1.20 | 0.750 (0.750-0.750) | 0.600 (0.600-0.600) | 2 of 2 | 2.00 | 25.0% | -1.00 |" in text, text
     assert "Not measured in full: NVIDIA H200 pool 2 D=16 lookup: 1 of 16 devices" in text
 
 

@@ -27,24 +27,15 @@ uvm rows to ``benchmarks/results/uvm_gpu.jsonl``), so the next lent session cont
 CPU plans of the same tasks, 2 devices a task (``scale_full --dry-run``), no bundle, the UVM
 measurement skipped (it needs a GPU) and the GPU test collected (it skips): about 40 s here.
 
-Device time (the target: D = 16, 32, 128 for three planners within 10 device-minutes on an
-H100 or H200): ESTIMATED, not yet measured on a GPU, by ``python -m benchmarks.scale_full
-estimate --pool-seeds 2 --devices 16 32 128`` on the stored plans: 352 device visits (2 passes
-over 16 + 32 + 128 devices) x 3 plans, each plan 2 draws x 2 rounds x (1 untimed + 3 timed)
-steps of each of the device's kernels. A kernel's step is bounded by the H200 rows
-(``lab/data/h200_compute.jsonl.gz``, 2,750 fused kernels at full size): 1.10 ms (95th
-percentile of the smallest tenth) + 13.5 ms per G looked-up elements (95th percentile of the
-larger half; their median is 7.3), its elements the device's share of the global batch's
-lookups x widths in the stored plan. Kernels: under 57 s at D = 16, 59 s at 32, 72 s at 128.
-Host work, from assumed rates (``scale_full.HOST``: weights initialised at 500 GB/s, 0.1 s a
-plan's visit, row blocks' ids picked on the GPU): 18, 27 and 85 s; the pool's ids (873M a
-draw x 2, sampled on 8 effective cores, copied once): 13 s. In all 5.5 device-minutes; with
-the machine's start (~2 min) and unpacking (~0.5) about 8: within the target if the host
-rates hold. The at-scale step gets the budget less unpacking and ``--leftovers-s``
-(540 - 30 - 150 = 360 s of a 600 s call; 5.5 min = 330 s), and no visit starts that would end
-past it: an overrun leaves the last D = 128 visits to the next lent session (resumable).
-The dry run's own work counts: 3 tasks x 2 devices x 2 passes x 3 plans, 36 rows, in
-about 35 s on this 2-core EPYC at rows / 64 (ids for 333 tables: 11 s of it).
+Device time, MEASURED (2026-12-04, the first lent session, an H200; ``--budget-s 530``, then
+``scale_full measure --budget-s 220`` on the warm machine): unpacking 6 s; a pool's ids 94-97 s
+(both draws; the estimate's host rates had said 13 s, so ``scale_full.IDS_S`` now refuses to
+start a pool that the budget left cannot draw); pool 2's visits at D = 16, 32, 128, 64, 8:
+53, 55, 101, about 75 and 53 s for three plans. One call's at-scale step (374 s of a 530 s
+budget) holds one pool's ids and its D = 16, 32 and 128 with room to spare; the UVM step's
+100 s deadline held one round of its first task. Pool 2 is measured at every D; pools 3 and
+4 at D = 16, 32, 128 are next (``python -m benchmarks.scale_full estimate`` still bounds the
+kernels from the H200 rows).
 """
 
 from __future__ import annotations
