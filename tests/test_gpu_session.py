@@ -132,3 +132,17 @@ def test_the_stored_full_size_plans_fit_their_tasks_and_carry_a_prediction_per_d
             plan = Plan.from_dict(r["plan"])
             plan.validate(as_planned(task, None, plan, topology_for(task))[0])
             assert len(r["predicted_ms"]) == d and min(r["predicted_ms"]) > 0, (pool_seed, d, name)
+
+
+def test_what_a_device_call_sends_is_the_tracked_and_the_unignored_files(tmp_path, monkeypatch) -> None:
+    import subprocess
+
+    from benchmarks.gpu.bundle import travelling_bytes
+
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], check=True)
+    (tmp_path / ".gitignore").write_text("/.gpu/\n")
+    (tmp_path / "code.py").write_text("x" * 100)
+    (tmp_path / ".gpu").mkdir()
+    (tmp_path / ".gpu" / "bundle.tar.xz").write_bytes(b"0" * 1000)  # carried, not sent as the tree
+    assert travelling_bytes() == 100 + len("/.gpu/\n")

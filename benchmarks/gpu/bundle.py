@@ -13,7 +13,7 @@ entries' headers stay, so the libraries load; CUDA loads a module only when one 
 kernels first runs (``CUDA_MODULE_LOADING=LAZY``, which ``run.sh`` sets), and the zeros
 xz away. torchrec 1.6.1 (the release beside fbgemm-gpu 1.6; torchrec 1.7 and 1.8 import
 ``fbgemm_gpu.tbe.monitoring``, which 1.6 lacks), the pure-Python packages it and the planner
-need that the machine may lack (threadpoolctl among them) and pytest travel as wheels. The
+need that the machine may lack (threadpoolctl among them) travel as wheels (pytest is the image's). The
 lab's measuring code and the planner run on torchrec 1.6.1 (the planner's TorchRec calls
 are those 1.6 has), so the GPU tests run there too::
 
@@ -35,12 +35,15 @@ OUT = Path(".gpu")
 FBGEMM = "fbgemm-gpu==1.6.0"
 WHEELS = (
     "torchrec==1.6.1", "tensordict==0.15.3", "iopath==0.1.9", "pyvers==0.2.3",
-    "threadpoolctl==3.8.0", "pytest==9.2.0",
+    "threadpoolctl==3.8.0",
 )  # fmt: skip
-"""pytest's own needs (pluggy, iniconfig, packaging, pygments) are in the H200 image
+"""pytest and its needs (pluggy, iniconfig, packaging, pygments) are in the H200 image
 (KINDS.md) and stay behind: with them the bundle (47.5 MB) and the tree (20.3 MB on
-2026-12-04) passed a call's 64 MiB."""
+2026-12-04) passed a call's 64 MiB; the GPU test ran on the image's pluggy, iniconfig,
+packaging and pygments that day."""
 SM = 90
+CALL_LIMIT = 64 << 20
+"""What one device call may send: the working tree and the carried bundle together."""
 FATBIN_MAGIC = 0xBA55ED50
 ZSTD_MAGIC = b"(\xb5/\xfd"
 NOT_LOADED = {"fbgemm_gpu_tbe_inference.so", "fbgemm_gpu_tbe_training_backward_gwd.so", "fbgemm_gpu_tbe_training_backward_vbe.so"}
@@ -131,7 +134,19 @@ def main() -> None:
         for spec in WHEELS:
             wheel = download(spec, Path(tmp))
             (OUT / wheel.name).write_bytes(wheel.read_bytes())
-    print(f"wrote {OUT}: {sum(f.stat().st_size for f in OUT.iterdir()) >> 20} MiB")
+    bundle = sum(f.stat().st_size for f in OUT.iterdir())
+    print(f"wrote {OUT}: {bundle >> 20} MiB")
+    tree = travelling_bytes()
+    if bundle + tree > CALL_LIMIT:
+        sys.exit(f"the bundle ({bundle / 1e6:.1f} MB) and the working tree ({tree / 1e6:.1f} MB) pass a device call's {CALL_LIMIT >> 20} MiB: "
+                 "make the tree or the bundle smaller before asking for a GPU")  # fmt: skip
+    print(f"with the working tree ({tree / 1e6:.1f} MB): {(bundle + tree) / CALL_LIMIT:.0%} of a device call's {CALL_LIMIT >> 20} MiB")
+
+
+def travelling_bytes() -> int:
+    """Bytes of what a device call sends besides carried paths: tracked files, and untracked ones git does not ignore."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], capture_output=True, check=True).stdout
+    return sum(Path(n).stat().st_size for n in names.decode().split("\0") if n and Path(n).is_file())
 
 
 if __name__ == "__main__":
