@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -65,8 +67,9 @@ def plan_lines(devices: list[int]) -> list[str]:
         "| with lookup work | elasticity of measured / predicted in lookup work | variance explained |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    judged_tasks = {(r["pool_seed"], r["devices"]) for r in measured}
     for d in devices:
-        for pool_seed in (p for p in HELD_OUT_POOL_SEEDS if (p, d) in {(r["pool_seed"], r["devices"]) for r in measured}):
+        for pool_seed in (p for p in HELD_OUT_POOL_SEEDS if (p, d) in judged_tasks):
             judged, rows = judged_task(measured, pool_seed, d), latest_plans(planned, pool_seed, d)
             price_with_shipped(pool_seed, d, rows)
             task = scale_task(d, pool_seed)
@@ -83,7 +86,7 @@ def plan_lines(devices: list[int]) -> list[str]:
 
 def pair_lines(path: Path, models: list[Path]) -> list[str]:
     rows = sorted(read_rows(path), key=lambda r: (r["pair"], r["pair_member"]))
-    whole = {p for p in {r["pair"] for r in rows} if sum(r["pair"] == p for r in rows) == 2}
+    whole = {p for p, n in Counter(r["pair"] for r in rows).items() if n == 2}
     rows = [r for r in rows if r["pair"] in whole]
     measured = np.array([r["fwd_ms"] + r["bwd_ms"] for r in rows])  # [kernels], partners side by side
     work = np.array([sum(s["pooling_factor"] * s["width"] for s in r["shards"]) for r in rows])  # [kernels]
@@ -110,12 +113,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32, 128])
     p.add_argument("--pairs", type=Path, nargs="*", default=[], help="device-pair files (collect devices) to read the same slope on")
     p.add_argument("--models", type=Path, nargs="+", default=[Path("torchrec_neuroshard/pretrained/cpu.pt")])
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     lines = [
         "# A device's lookup work and the CPU model's error",
         "",
-        f"`python -m studies.lookup_work {' '.join(argv or [])}`; {local_hardware('cpu').describe()}; {datetime.date.today().isoformat()}. "
+        f"`python -m studies.lookup_work {' '.join(argv)}`; {local_hardware('cpu').describe()}; {datetime.date.today().isoformat()}. "
         "Per plan of the scale benchmark's last judged run (held-out pools): how the devices' measured compute ranks against "
         "the shipped model's prediction and against their lookup work (pooling factor x width x row share, summed), and how "
         "the model's error grows with lookup work.",
