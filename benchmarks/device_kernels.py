@@ -1,18 +1,22 @@
 """Cost models on device-sized kernels (16-128 tables, ``lab.collect_devices``), held out.
 
     python -m benchmarks.device_kernels --models torchrec_neuroshard/pretrained/cpu.pt runs/new.pt
+    python -m benchmarks.device_kernels --all-pairs --data PAIRS --models ... --name device_kernels_NAME
 
 On the test split of the device pairs (the split ``neuroshard pretrain`` holds out, by
 group: a pair is one group), each model's fwd+bwd MAPE and Spearman, its median predicted
 / measured, and on the pairs (two kernels timed in turn, so the machine's drift cancels)
 the MAPE of the predicted ratio and how often the model orders the two as measured.
-Writes ``results/device_kernels.md``.
+``--all-pairs``: every pair of ``--data`` (files none of the models trained on, such as a
+calibrated model's, whose pairs are its own draw). Writes ``results/device_kernels.md``
+(``--name``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,23 +32,20 @@ from torchrec_neuroshard.lab.training_data import kernel_rows, split_by_group
 OUT = Path(__file__).parent / "results" / "device_kernels.md"
 
 
-def test_pairs(paths: list[Path], seed: int) -> list[dict]:
+def test_pairs(paths: list[Path], seed: int | None) -> list[dict]:
     """The device-pair rows in the test split ``neuroshard pretrain`` makes of ``paths``'
-    pooled compute rows (by group, over all of them), partners side by side."""
+    pooled compute rows (by group, over all of them; every pair when ``seed`` is None),
+    partners side by side."""
     rows = kernel_rows([r for path in paths for r in read_rows(path)], pooled=True)
-    test = split_by_group(np.asarray([r["group"] for r in rows]), seed)[2]
+    groups = np.asarray([r["group"] for r in rows])
+    test = np.ones(len(rows), dtype=bool) if seed is None else split_by_group(groups, seed)[2]
     return sorted((r for r, keep in zip(rows, test) if keep and "pair" in r), key=lambda r: (r["pair"], r["pair_member"]))
 
 
 def priced_ms(model: NeuralCostModel, rows: list[dict]) -> torch.Tensor:
-    """Each row's kernel fwd+bwd ms as the planner prices it (``device_cost``: features
-    clamped to the trained range, a kernel beyond the trained size stretched) [N]."""
-    out = []
-    for r in rows:
-        at = model.with_batch_size(r["batch_size"])
-        pooled = at.embed_shards([shard_from_record(s) for s in r["shards"]]).sum(0, keepdims=True)  # [1, E]
-        out.append(float(at.device_cost(pooled).sum()))
-    return torch.tensor(out, dtype=torch.float64)
+    """Each row's kernel fwd+bwd ms as the planner prices it (``NeuralCostModel.kernel_ms``:
+    features clamped to the trained range, a kernel beyond the trained size stretched) [N]."""
+    return torch.tensor([model.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) for r in rows], dtype=torch.float64)
 
 
 def model_line(path: Path, rows: list[dict]) -> str:
@@ -66,14 +67,18 @@ def main(argv: list[str] | None = None) -> None:
         help="the files the models were trained on, the device pairs among them (default the shipped CPU model's)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the split's seed (pretrain's default)")
+    p.add_argument("--all-pairs", action="store_true", help="every pair of --data, not the test split (data no model trained on)")
+    p.add_argument("--name", default=OUT.stem, help="the report's file name in results/")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    rows = test_pairs(args.data, args.seed)
+    rows = test_pairs(args.data, None if args.all_pairs else args.seed)
+    which = "Every device pair of the files" if args.all_pairs else f"The device pairs in the test split (seed {args.seed}) of the training files"
+    command = " ".join(["python -m benchmarks.device_kernels", *(argv if argv is not None else sys.argv[1:])])
     lines = [
         "# Cost models on device-sized kernels, held out",
         "",
-        f"`python -m benchmarks.device_kernels --models {' '.join(map(str, args.models))}`; {local_hardware('cpu').describe()}; "
-        f"{datetime.date.today().isoformat()}. The device pairs in the test split (seed {args.seed}) of the training files: kernels of 16-128 tables "
+        f"`{command}`; {local_hardware('cpu').describe()}; "
+        f"{datetime.date.today().isoformat()}. {which}: kernels of 16-128 tables "
         "from the training pools 10-19, unseen table sets. Kernels beyond a model's trained size are priced by its "
         "linear stretch. Pairs: the two kernels of a pair were timed in turn, so their ratio is free of the machine's drift.",
         "",
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     lines += [model_line(path, rows) for path in args.models]
     text = "\n".join(lines) + "\n"
-    OUT.write_text(text)
+    OUT.with_name(f"{args.name}.md").write_text(text)
     print(text)
 
 

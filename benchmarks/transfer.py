@@ -27,7 +27,7 @@ import torch
 
 from torchrec_neuroshard.costmodel import load_pretrained
 from torchrec_neuroshard.hardware import Hardware, local_hardware
-from torchrec_neuroshard.lab.calibrate import fine_tune
+from torchrec_neuroshard.lab.fine_tune import fine_tune
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows
 from torchrec_neuroshard.lab.coverage import covering_rows
 from torchrec_neuroshard.lab.training import compute_metrics, mape, spearman, train_compute

@@ -10,7 +10,7 @@ import torch
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.costmodel.features import shard_features
-from torchrec_neuroshard.lab.calibrate import fine_tune
+from torchrec_neuroshard.lab.fine_tune import fine_tune
 from torchrec_neuroshard.lab.collect import collect_compute, draw_batch, draw_compute_sample, read_rows, shard_record
 from torchrec_neuroshard.lab.pretrain import pretrain
 from torchrec_neuroshard.lab.training_data import load_compute_data

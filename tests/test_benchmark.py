@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.compare import PLANNERS, make_suite, plot, run, save_suite, summarize, write_report
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
-from torchrec_neuroshard.lab.calibrate import fine_tune
+from torchrec_neuroshard.lab.fine_tune import fine_tune
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows
 from torchrec_neuroshard.lab.workloads import WorkloadScale
 from torchrec_neuroshard.types import ShardingError

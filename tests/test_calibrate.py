@@ -2,6 +2,7 @@
 fine-tuned file planning, and `neuroshard calibrate` measuring for real (tiny)."""
 
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from torchrec.distributed.planner import Topology
 from torchrec_neuroshard.cli import main
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.hardware import Hardware
-from torchrec_neuroshard.lab.calibrate import fine_tune
+from torchrec_neuroshard.lab.fine_tune import fine_tune, pair_errors
 from torchrec_neuroshard.lab.coverage import calibration_indices, covering_order, covering_rows
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows
 from torchrec_neuroshard.lab.training import compute_metrics
@@ -22,6 +23,7 @@ from torchrec_neuroshard.tables import module_for_tables
 from torchrec_neuroshard.types import ShardingError
 
 XEON = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "intel_xeon_compute.jsonl.gz"
+PAIRS = XEON.with_name("cpu_compute_devices_seed1.jsonl.gz")
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +91,56 @@ def test_calibrate_command_measures_here_fine_tunes_and_resumes(tmp_path, capsys
             module_for_tables(task.tables), [EmbeddingBagCollectionSharder()]
         )
     assert "measured on" not in caplog.text  # measured on this machine: no mismatch
+
+
+@pytest.mark.slow
+def test_device_pairs_teach_the_calibrated_model_the_level_and_the_ratios_of_device_sized_kernels() -> None:
+    pairs = read_rows(PAIRS)  # 120 pairs of 16-128-table kernels, AMD EPYC, one day
+    machine = pairs[0]["hardware"]
+    amd = list(iter_kind(read_rows(XEON.with_name("cpu_compute.jsonl.gz")), "compute"))[:800]
+    kernels = [dict(r, hardware=machine) for r in covering_rows(amd, 60)]  # as if measured beside the pairs
+    base, held_out = load_pretrained("cpu"), pairs[160:]  # pairs 80-119 seen by neither
+    tuned = fine_tune(base, kernels + pairs[:160], epochs=30, seed=0, progress=False)
+    before, after = pair_errors(base, held_out), pair_errors(tuned, held_out)
+    assert before["pairs"] == after["pairs"] == 40
+    assert after["ratio_mape"] < 0.8 * before["ratio_mape"], (before, after)
+    assert abs(math.log(after["level"])) < 0.5 * abs(math.log(before["level"])), (before, after)  # this day's level
+    cal = tuned.meta["calibration"]
+    assert cal["device_pairs"] == 80 and cal["compute_samples"] == 220 and cal["pairs_holdout"]["after"]["pairs"] > 0
+    trained = base.meta["max_tables_per_kernel"]  # beyond it the net stretches in fine-tuning, as the planner prices
+    assert tuned.meta["max_tables_per_kernel"] == tuned.compute_net.stretch_beyond == trained
+    low, high = tuned.pooled_kernel.batch_sizes_trained
+    assert low <= min(r["batch_size"] for r in pairs) and high >= max(r["batch_size"] for r in pairs)
+
+
+def test_device_pairs_need_calibration_kernels_and_a_base_that_reads_the_batch() -> None:
+    pairs = read_rows(PAIRS)[:4]
+    with pytest.raises(ShardingError, match="no compute samples to calibrate on"):
+        fine_tune(load_pretrained("cpu"), pairs, epochs=1, progress=False)
+    kernels = [dict(r, hardware=pairs[0]["hardware"], batch_size=4096) for r in read_rows(XEON)[:5]]
+    with pytest.raises(ShardingError, match="2 device pairs at global batches .* does not read the batch; calibrate without --device-pairs"):
+        fine_tune(load_pretrained("intel_xeon"), kernels + pairs, epochs=1, progress=False)
+
+
+@pytest.mark.measure
+@pytest.mark.slow
+def test_calibrate_with_device_pairs_measures_them_beside_the_kernels_and_learns_their_size(tmp_path, capsys) -> None:
+    out, data = tmp_path / "pairs.pt", tmp_path / "calib"
+    args = ["calibrate", "--device", "cpu", "--epochs", "2", "--samples", "4", "--data-dir", str(data), "--out", str(out)]
+    assert main(args + ["--device-pairs", "1"]) == 0
+    rows = read_rows(data / "device_pairs.jsonl")
+    assert [(r["pair"], r["pair_member"]) for r in rows] == [(0, 0), (0, 1)] and len(rows[0]["shards"]) >= 16
+    assert len(read_rows(data / "compute.jsonl")) == 4
+    model = NeuralCostModel.load(out)
+    assert model.meta["calibration"]["device_pairs"] == 1 and model.meta["calibration"]["compute_samples"] == 6
+    assert model.compute_net.stretch_beyond == load_pretrained("cpu").meta["max_tables_per_kernel"]
+    assert "(with 1 device pairs)" in capsys.readouterr().out
+
+
+def test_calibrate_refuses_a_negative_count_of_device_pairs(tmp_path) -> None:
+    with pytest.raises(SystemExit, match="--device-pairs -2: give 0"):
+        main(["calibrate", "--device", "cpu", "--device-pairs", "-2", "--data-dir", str(tmp_path), "--out", str(tmp_path / "m.pt")])
+    assert not list(tmp_path.iterdir())
 
 
 def test_comm_samples_fine_tune_a_neural_comm_or_replace_the_alpha_beta_stand_in(xeon_rows) -> None:

@@ -5,8 +5,8 @@ rows': each test renders the part the rows make and finds it, unchanged, in the 
 Not re-rendered here, and why:
 - costmodel.md, costmodel_h200.md, costmodel_one_session.md, transfer.md: their scripts train
   or fine-tune models on the datasets under lab/data (minutes) and time noise floors; no rows.
-- device_kernels.md: it scores model files (runs/cand_raw.pt, runs/cpu_devices.pt) that were
-  not kept.
+- device_kernels.md, device_kernels_calibrated.md: they score model files (runs/cand_raw.pt,
+  runs/cpu_devices.pt; the models `neuroshard calibrate` made on 2026-12-04) that were not kept.
 - search_speed.md, search_speed_hosts.md, search_speed_modules8.md, uvm_speed_856_pool0.md: timings
   written as measured; no rows are kept.
 - batch_curve.md's runs/cpu_before.pt column: that model is in git history only (c2c8594);
@@ -35,7 +35,7 @@ RENDERED = {
     *("uvm.md", "uvm_pool0.md", "uvm_gpu.md", "validate_evaluator.md", "vs_torchrec_objective.md"),
 }
 NOT_RENDERED = {
-    *("costmodel.md", "costmodel_h200.md", "costmodel_one_session.md", "transfer.md", "device_kernels.md"),
+    *("costmodel.md", "costmodel_h200.md", "costmodel_one_session.md", "transfer.md", "device_kernels.md", "device_kernels_calibrated.md"),
     *("search_speed.md", "search_speed_hosts.md", "search_speed_modules8.md", "uvm_speed_856_pool0.md"),
 }
 

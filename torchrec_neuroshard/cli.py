@@ -81,8 +81,8 @@ def _calibrate(args: argparse.Namespace) -> None:
     device = torch.device(args.device) if args.device else default_device()
     try:  # before anything is measured or written
         run = Calibration(
-            device, Path(args.data_dir), args.samples, tuple(args.world_size), args.comm_samples, args.step_samples,
-            args.busy_neighbours, args.threads, args.epochs, args.seed,
+            device, Path(args.data_dir), args.samples, args.device_pairs, tuple(args.world_size), args.comm_samples,
+            args.step_samples, args.busy_neighbours, args.threads, args.epochs, args.seed,
         )  # fmt: skip
     except ShardingError as e:  # a bad flag, reported as argparse reports one
         raise SystemExit(str(e)) from None
@@ -233,7 +233,12 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--out", required=True, help="model file to write")
     k.add_argument("--device", choices=["cpu", "cuda"], help="what to calibrate (default: cuda if a GPU is visible, else cpu)")
     k.add_argument("--base", help="model to start from: a file or a shipped name (default: the shipped one for the device)")
-    k.add_argument("--samples", type=int, default=200, help="compute samples to measure")
+    k.add_argument("--samples", type=int, default=200, help="compute samples to measure (kernels of 1-15 tables)")
+    k.add_argument(
+        "--device-pairs", type=int, default=0,
+        help="also measure this many pairs of device-sized kernels (16-128 tables, each pair timed in turn) and "
+        "fine-tune on their level and ratio (about 8 s a pair on a CPU; default 0: none)",
+    )  # fmt: skip
     k.add_argument("--world-size", type=int, nargs="*", default=[], help="also measure and calibrate comm at these world sizes")
     k.add_argument("--comm-samples", type=int, default=100, help="comm samples per world size")
     k.add_argument(

@@ -208,6 +208,12 @@ class NeuralCostModel(CostModel):
             cost = cost + self.sequence_kernel.cost(pooled[:, p:]) * sequence_factor
         return cost
 
+    def kernel_ms(self, shards: Sequence[Shard], batch_size: int) -> float:
+        """fwd+bwd ms of ``shards`` run as one device's kernel at the global ``batch_size``,
+        as the search prices a device (``embed_shards`` pooled, ``device_cost``)."""
+        at = self.with_batch_size(batch_size)
+        return float(at.device_cost(at.embed_shards(shards).sum(0, keepdims=True)).sum())  # [1, E] -> [1, 2]
+
     @cached_property
     def _batch_factors(self) -> tuple[float, float]:
         """Each kernel's ``batch_factor`` at this model's batch (1 for a missing kernel)."""

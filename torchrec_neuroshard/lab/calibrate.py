@@ -1,14 +1,19 @@
 """Calibration: a shipped cost model fine-tuned to this machine in minutes.
 
-    neuroshard calibrate --samples 200 --out my_cpu.pt
+    neuroshard calibrate --samples 200 --device-pairs 60 --out my_cpu.pt
 
 A cost model predicts the machine its samples were measured on. Calibration measures a
 small set of compute samples here (and, if asked, all-to-all samples at some world sizes,
 and the step's other parts), chosen to cover the feature space (``coverage``), and
-fine-tunes the shipped model on them: every weight from the shipped values (its feature
-normalisation kept), early-stopped on a held-out part of the new samples, in seconds of
-training. The result is a model file for this machine, loaded like any other. Measuring
-appends to files under ``--data-dir`` and resumes where they stop, like ``collect``.
+fine-tunes the shipped model on them (``lab.fine_tune``) in seconds of training. The
+result is a model file for this machine, loaded like any other. Measuring appends to files
+under ``--data-dir`` and resumes where they stop, like ``collect``.
+
+Device-sized kernels: the calibration kernels fuse 1-15 tables, and a device of a production
+plan runs 50-110 in one kernel, where the model's error grows with a device's lookup work.
+``--device-pairs N`` also measures N pairs of 16-128-table kernels of the training pools
+(``collect_devices``), the two of a pair timed in turn, and fine-tunes on their level and on
+their ratio, which the machine's drift within the hour does not move.
 
 Neighbours: on a CPU host the ranks of a training step share the cores, caches and memory,
 and a kernel timed alone does not see that. ``--busy-neighbours K`` times the compute
@@ -23,31 +28,20 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator
 
-import numpy as np
 import torch
 
-from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
-from torchrec_neuroshard.costmodel.features import FeatureRange
+from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.hardware import cpu_cores
-from torchrec_neuroshard.lab.collect import (
-    PoolLookups,
-    collect_comm,
-    collect_compute,
-    draw_compute_sample,
-    iter_kind,
-    read_rows,
-)
+from torchrec_neuroshard.lab.collect import PoolLookups, collect_comm, collect_compute, draw_compute_sample, iter_kind, read_rows
+from torchrec_neuroshard.lab.collect_devices import collect_device_pairs
 from torchrec_neuroshard.lab.coverage import CALIBRATION_SEED, calibration_indices
+from torchrec_neuroshard.lab.fine_tune import fine_tune
 from torchrec_neuroshard.lab.measure_compute import measure_compute
-from torchrec_neuroshard.lab.training import comm_metrics, compute_metrics, train_comm, train_compute
-from torchrec_neuroshard.lab.training_data import load_comm_data, load_compute_data, split_by_group
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 from torchrec_neuroshard.types import ShardingError
 
-HOLDOUT = 0.2
-"""Share of the calibration samples (by group) kept out of fine-tuning for early stopping."""
 BUSY_SEED = CALIBRATION_SEED + 1
 """Seed of the kernels the busy neighbours run (other draws than the measured ones)."""
 
@@ -90,112 +84,6 @@ def busy_neighbours(count: int, scale: WorkloadScale) -> Iterator[None]:
                 proc.terminate()
 
 
-def _split(groups: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(fine-tune, hold-out) masks by group; at least one group held out."""
-    train, val, _ = split_by_group(groups, seed, (1.0 - HOLDOUT, 1.0))
-    if not val.any():
-        raise ShardingError(f"calibration needs at least 2 samples (one is held out), got {len(np.unique(groups))}")
-    return train, val
-
-
-def fine_tune(
-    base: NeuralCostModel,
-    rows: Sequence[dict],
-    epochs: int = 100,
-    lr: float = 1e-3,
-    seed: int = 0,
-    patience: int = 15,
-    progress: bool = True,
-) -> NeuralCostModel:
-    """``base`` fine-tuned on the measured ``rows`` of one machine (compute, and comm if
-    present): a copy of each net trained from the base's weights with the base's feature
-    normalisation, early-stopped on ``HOLDOUT`` of the rows. A comm part the base lacks
-    (a GPU model's alpha-beta stand-in) is trained from scratch on the comm rows; the
-    base's sequence-kernel net is kept as it is (calibration measures pooled kernels).
-    The compute net's feature range grows by the fine-tuning samples' (both are samples
-    of the same kernel the net learned; a base without a range gets theirs), its batches
-    too where it reads the batch (else it prices at the calibration's batch, linear beyond).
-    ``meta["calibration"]`` records the base, the sample counts, the time, and the held-out
-    error before and after."""
-    t0 = time.perf_counter()
-    compute_rows = _compute_rows_of_one_machine(rows)
-    data = load_compute_data(compute_rows, reads_batch=base.compute_net.reads_batch)
-    train, val = _split(data.group, seed)
-    before = compute_metrics(base.compute_net, base.compute_norm, data.subset(val))
-    net, norm, log = train_compute(
-        data.subset(train), data.subset(val), epochs, seed, min(32, max(1, int(train.sum()) // 4)), lr, patience,
-        progress, start=(base.compute_net, base.compute_norm),
-    )  # fmt: skip
-    record = {
-        "base": {"hardware": base.meta["hardware"], "batch_size": base.batch_size},
-        "compute_samples": len(data),
-        "compute_holdout": {"before": before, "after": compute_metrics(net, norm, data.subset(val))},
-        "compute_epochs": log["epochs"],
-    }
-    meta = dict(base.meta)
-    meta.update(
-        hardware=compute_rows[0]["hardware"],
-        batch_size=compute_rows[0]["batch_size"],
-        max_tables_per_kernel=max(meta.get("max_tables_per_kernel", 0), max(len(r["shards"]) for r in compute_rows)),
-        seed=seed,
-    )
-    here = int(data.batch_size[0])  # one batch (``_compute_rows_of_one_machine``)
-    low, high = base.pooled_kernel.batch_sizes_trained if base.compute_net.reads_batch else (here, here)
-    meta["batch_sizes_trained"] = [min(low, here), max(high, here)]
-    tuned = FeatureRange.fit(data.subset(train).x)
-    base_range = base.pooled_kernel.trained_range
-    meta["feature_range"] = (tuned if base_range is None else base_range.union(tuned)).state()
-    meta.pop("test", None)  # the base's test split is another machine's
-    meta.pop("hardware_note", None)
-    comm = _tune_comm(base, list(iter_kind(rows, "comm")), meta, record, epochs, lr, seed, patience, progress)
-    record["seconds"] = round(time.perf_counter() - t0, 1)
-    meta["train_seconds"] = record["seconds"]
-    meta["calibration"] = record
-    return NeuralCostModel(net, norm, comm, meta, sequence=base.sequence)
-
-
-def _compute_rows_of_one_machine(rows: Sequence[dict]) -> list[dict]:
-    """The compute rows of ``rows``, refusing none, several machines or several batch sizes."""
-    compute_rows = list(iter_kind(rows, "compute"))
-    if not compute_rows:
-        raise ShardingError("no compute samples to calibrate on; measure some with `neuroshard calibrate`")
-    kinds = {(r["hardware"]["device"], r["hardware"].get("device_name")) for r in rows}
-    if len(kinds) > 1:
-        raise ShardingError(f"calibration rows come from several machines {sorted(kinds)}; calibrate on one machine's samples")
-    batch_sizes = {r["batch_size"] for r in compute_rows}
-    if len(batch_sizes) > 1:
-        raise ShardingError(f"calibration rows mix batch sizes {sorted(batch_sizes)}; use one")
-    return compute_rows
-
-
-def _tune_comm(
-    base: NeuralCostModel, comm_rows: list[dict], meta: dict, record: dict, epochs: int, lr: float, seed: int,
-    patience: int, progress: bool,
-) -> NeuralComm | None:
-    """The comm model fine-tuned on ``comm_rows`` (trained from scratch when ``base`` has no
-    neural comm), its training recorded in ``meta`` and ``record``; the base's neural comm
-    when there are no comm rows; else None."""
-    comm = base.comm if isinstance(base.comm, NeuralComm) else None
-    if not comm_rows:
-        if comm is not None:
-            record["comm"] = "kept the base model's comm net (no comm samples measured here)"
-        else:
-            meta["world_sizes_trained"] = []
-        return comm
-    data = load_comm_data(comm_rows)
-    train, val = _split(data.group, seed)
-    start = (comm.net, comm.norm) if comm is not None else None
-    before = comm_metrics(comm.net, comm.norm, data.subset(val)) if comm is not None else None
-    net, norm, _ = train_comm(
-        data.subset(train), data.subset(val), epochs if start else 200, seed, 64, lr, patience, progress, start=start
-    )
-    record["comm_samples"] = int(len(np.unique(data.group)))
-    record["comm_holdout"] = {"before": before, "after": comm_metrics(net, norm, data.subset(val))}
-    trained = sorted(set(data.world_size.tolist()) | set(meta.get("world_sizes_trained", []) if start else ()))
-    meta.update(comm_hardware=comm_rows[0]["hardware"], comm_config=net.config, world_sizes_trained=trained)
-    return NeuralComm(net, norm, meta["batch_size"])
-
-
 # ---------------------------------------------------------------- the workflow
 
 
@@ -207,7 +95,11 @@ class Calibration:
     Attributes:
         device: what to calibrate (a CPU or a GPU of this machine).
         data_dir: where the measured samples go; measuring resumes where its files stop.
-        samples: compute samples to measure and fine-tune on.
+        samples: compute samples to measure and fine-tune on (kernels of 1-15 tables).
+        device_pairs: also measure this many pairs of device-sized kernels (16-128 tables
+            of the training pools, ``collect_devices``), each two timed in turn, and
+            fine-tune on them: their level and their ratio (a ratio the machine's drift
+            does not move; issue 43).
         world_sizes: also measure and fine-tune comm at these world sizes,
         comm_samples: this many samples at each.
         step_samples: with ``world_sizes``, also measure the step's other parts, this many
@@ -220,6 +112,7 @@ class Calibration:
     device: torch.device
     data_dir: Path
     samples: int = 200
+    device_pairs: int = 0
     world_sizes: tuple[int, ...] = ()
     comm_samples: int = 100
     step_samples: int = 0
@@ -232,6 +125,8 @@ class Calibration:
         object.__setattr__(self, "world_sizes", tuple(self.world_sizes))
         if self.samples < 1:
             raise ShardingError(f"--samples {self.samples}: calibrate fine-tunes on measured compute samples; give 1 or more (default 200)")
+        if self.device_pairs < 0:
+            raise ShardingError(f"--device-pairs {self.device_pairs}: give 0 (none) or more pairs of device-sized kernels")
         if self.world_sizes and self.comm_samples < 1:
             raise ShardingError(f"--comm-samples {self.comm_samples} with --world-size: give 1 or more comm samples per world size")
         if self.step_samples < 0:
@@ -247,6 +142,11 @@ class Calibration:
     def compute_path(self) -> Path:
         """The compute samples' file: one of its own for samples timed beside busy neighbours."""
         return self.data_dir / (f"compute_busy{self.busy_neighbours}.jsonl" if self.busy_neighbours else "compute.jsonl")
+
+    @property
+    def pairs_path(self) -> Path:
+        """The device pairs' file, beside ``compute_path`` and named as it is."""
+        return self.compute_path.with_name(self.compute_path.name.replace("compute", "device_pairs"))
 
 
 @dataclass(frozen=True)
@@ -283,12 +183,18 @@ def calibrate(base: NeuralCostModel, run: Calibration) -> Calibrated:
         collect_compute(
             run.compute_path, run.samples, run.device, scale, seed=CALIBRATION_SEED, num_threads=run.threads, sample_indices=indices
         )  # fmt: skip
+        if run.device_pairs:
+            collect_device_pairs(
+                run.pairs_path, run.device_pairs, run.device, seed=CALIBRATION_SEED, scale=scale, num_threads=run.threads
+            )  # fmt: skip
     seconds["compute"] = time.perf_counter() - t0
     comm_path = run.data_dir / "comm.jsonl"
     for world in run.world_sizes:
         collect_comm(comm_path, world, run.comm_samples, seed=CALIBRATION_SEED)
     seconds["comm"] = time.perf_counter() - t0 - seconds["compute"]
     rows = read_rows(run.compute_path)[: run.samples]
+    if run.device_pairs:
+        rows += read_rows(run.pairs_path)[: 2 * run.device_pairs]
     for world in run.world_sizes:
         rows += [r for r in iter_kind(read_rows(comm_path), "comm") if r["world_size"] == world][: run.comm_samples]
     model = fine_tune(base, rows, epochs=run.epochs, seed=run.seed)
@@ -324,11 +230,19 @@ def summary(done: Calibrated, run: Calibration, out: str | Path, seconds: float)
     lines = [
         f"calibrated {cal['base']['hardware']['device']} {cal['base']['hardware'].get('device_name')} model to "
         f"{model.hardware.describe()} on {cal['compute_samples']} compute samples"
+        + (f" (with {cal['device_pairs']} device pairs)" if "device_pairs" in cal else "")
         + (f" and {cal['comm_samples']} comm samples (D={list(run.world_sizes)})" if "comm_samples" in cal else "")
         + (f", compute timed beside {run.busy_neighbours} busy neighbour(s)" if run.busy_neighbours else ""),
         f"held-out compute fwd+bwd ({before['samples']} samples): MAPE {before['mape_total']:.1f}% -> "
         f"{after['mape_total']:.1f}%, Spearman {before['spearman_total']:.3f} -> {after['spearman_total']:.3f}",
     ]
+    if cal.get("pairs_holdout", {}).get("after", {}).get("pairs"):
+        pb, pa = cal["pairs_holdout"]["before"], cal["pairs_holdout"]["after"]
+        lines.append(
+            f"held-out device pairs ({pa['pairs']} of {cal['device_pairs']}, priced as the planner prices a device): "
+            f"ratio MAPE {pb['ratio_mape']:.1f}% -> {pa['ratio_mape']:.1f}%, slower member named {pb['order_agreement']:.0%} -> "
+            f"{pa['order_agreement']:.0%}, level (predicted / measured) {pb['level']:.2f} -> {pa['level']:.2f}"
+        )
     if "comm_holdout" in cal:
         comm_before, comm_after = cal["comm_holdout"]["before"], cal["comm_holdout"]["after"]
         was = f"{comm_before['mape_total']:.1f}% -> " if comm_before else "(trained from scratch) "

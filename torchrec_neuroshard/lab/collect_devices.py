@@ -48,7 +48,8 @@ def _resume(path: Path) -> tuple[object, int]:
 
 
 def pair_rows(
-    k: int, seed: int, pool_seeds: Sequence[int], scale: WorkloadScale, device: torch.device, warmup: int, repeats: int
+    k: int, seed: int, pool_seeds: Sequence[int], scale: WorkloadScale, device: torch.device, warmup: int, repeats: int,
+    num_threads: int = 1,
 ) -> list[dict]:
     """Pair ``k``: its two kernels drawn, timed interleaved, as two compute rows."""
     pool_seed = pool_seeds[k % len(pool_seeds)]
@@ -59,8 +60,8 @@ def pair_rows(
         bank.shards(draw_compute_sample(pool, at, seed, 2 * k + m, tables=DEVICE_TABLES, cap_bytes=DEVICE_MEMORY_CAP_BYTES))
         for m in range(2)
     ]  # fmt: skip
-    measured = measure_interleaved(kernels, device, warmup, repeats)
-    hw = hardware(device, 1)
+    measured = measure_interleaved(kernels, device, warmup, repeats, num_threads)
+    hw = hardware(device, num_threads)
     return [
         {
             "kind": "compute", "group": DEVICE_GROUP_OFFSET + k, "pool_seed": pool_seed, "pair": k, "pair_member": m,
@@ -83,15 +84,17 @@ def collect_device_pairs(
     repeats: int = 9,
     progress: bool = True,
     scale: WorkloadScale | None = None,
+    num_threads: int = 1,
 ) -> int:
     """Measure pairs ``[pairs already in out, num_pairs)`` and append their rows; returns
-    the pairs in the file afterwards. ``scale``: default the device's (rows / 64 on a CPU)."""
+    the pairs in the file afterwards. ``scale``: default the device's (rows / 64 on a CPU);
+    ``num_threads``: CPU torch threads."""
     for s in pool_seeds:
         training_pool(s)  # refuses a held-out seed before anything is measured
     scale = scale or WorkloadScale.for_device(device)
     f, start = _resume(Path(out))
     with f:
         for k in tqdm(range(start, num_pairs), initial=start, total=num_pairs, disable=not progress, desc="device pairs"):
-            f.write("".join(json.dumps(r) + "\n" for r in pair_rows(k, seed, pool_seeds, scale, device, warmup, repeats)))
+            f.write("".join(json.dumps(r) + "\n" for r in pair_rows(k, seed, pool_seeds, scale, device, warmup, repeats, num_threads)))
             f.flush()
     return max(start, num_pairs)
