@@ -11,7 +11,10 @@ the ratio itself. ``run`` draws the file's first ``--count`` pairs again (the dr
 ``collect_devices.pair_rows`` with the file's ``--seed``; the kernels are checked to be the
 file's) and times them as the collector did; rows go to ``results/pair_noise.jsonl.gz``
 (resumable). ``report`` gives the MAPE between the two timings' ratios of each pair (the
-floor under any model's ratio error) and each model's ratio MAPE against either timing.
+floor under any model's ratio error) and each model's ratio MAPE against either timing, and
+what an error of that size does to a plan the model prices level (``level_plan_imbalance``):
+the search balances devices by the model, so a device's measured time is off by that
+device's kernel error, and the slowest of D such devices sets the plan.
 """
 
 from __future__ import annotations
@@ -50,11 +53,20 @@ def run(pairs_path: Path, seed: int, count: int) -> None:
             append_rows(ROWS, [{**row, "source": pairs_path.name, "ms_then": then["fwd_ms"] + then["bwd_ms"], "timed": stamp}])
 
 
+def level_plan_imbalance(kernel_sd: float, devices: int, draws: int = 20_000, seed: int = 0) -> float:
+    """Expected slowest / mean measured device of a plan whose ``devices`` devices the model
+    prices alike, when each device's kernel is off by a log error of sd ``kernel_sd`` (normal,
+    independent across devices)."""
+    error = np.exp(np.random.default_rng(seed).normal(0.0, kernel_sd, size=(draws, devices)))  # [draws, D]
+    return float((error.max(1) / error.mean(1)).mean())
+
+
 def report(model_paths: list[Path]) -> str:
     rows = sorted(read_rows(ROWS), key=lambda r: (r["source"], r["pair"], r["pair_member"]))
     now = np.array([r["fwd_ms"] + r["bwd_ms"] for r in rows])  # [2P], partners side by side
     then = np.array([r["ms_then"] for r in rows])  # [2P]
     ratio_now, ratio_then = now[0::2] / now[1::2], then[0::2] / then[1::2]  # [P]
+    noise_sd = float(np.std(np.log(ratio_now / ratio_then)) / 2)  # one kernel timing's log noise: four in the disagreement
     lines = [
         "# A device pair's ratio timed twice",
         "",
@@ -67,15 +79,28 @@ def report(model_paths: list[Path]) -> str:
         f"median {100 * np.median(np.abs(ratio_now / ratio_then - 1)):.1f}%; the faster member the same in "
         f"{np.mean((ratio_now > 1) == (ratio_then > 1)):.0%}.",
         "",
-        "| model | ratio MAPE against the first timing | against the second | against their geometric mean | median predicted / measured, second |",
-        "|---|---|---|---|---|",
+        "A model's kernel log error has the sd of its pairs' log ratio error over the square root of 2 (the two members' errors "
+        "independent), net of the second timing's noise; the last columns give the slowest / mean device that error leaves in a plan of D devices the model "
+        "prices alike (`level_plan_imbalance`). The first row is one timing's own noise (the sd of the two timings' log ratio "
+        "disagreement over 2: four kernel timings in it) and the slowest / mean it shows of D devices that are truly alike.",
+        "",
+        "| model | ratio MAPE against the first timing | against the second | against their geometric mean | median predicted / measured, second "
+        "| kernel log error sd, second | level plan's slowest / mean, D = 8 | D = 32 |",
+        "|---|---|---|---|---|---|---|---|",
+        _imbalance_row("one timing's noise", noise_sd, "-", "-", "-", "-"),
     ]
     for path in model_paths:
         pred = priced_ms(NeuralCostModel.load(path), rows).numpy()  # [2P]
         ratio_pred = pred[0::2] / pred[1::2]  # [P]
-        errors = [100 * np.mean(np.abs(ratio_pred / r - 1)) for r in (ratio_then, ratio_now, np.sqrt(ratio_then * ratio_now))]
-        lines.append(f"| {path} | {errors[0]:.1f}% | {errors[1]:.1f}% | {errors[2]:.1f}% | {np.median(pred / now):.3f} |")
+        errors = [f"{100 * np.mean(np.abs(ratio_pred / r - 1)):.1f}%" for r in (ratio_then, ratio_now, np.sqrt(ratio_then * ratio_now))]
+        kernel_sd = float(np.sqrt(max(np.var(np.log(ratio_now / ratio_pred)) - 2 * noise_sd**2, 0.0) / 2))
+        lines.append(_imbalance_row(str(path), kernel_sd, *errors, f"{np.median(pred / now):.3f}"))
     return "\n".join(lines) + "\n"
+
+
+def _imbalance_row(name: str, kernel_sd: float, *cells: str) -> str:
+    tail = [f"{kernel_sd:.3f}", *(f"{level_plan_imbalance(kernel_sd, d):.3f}" for d in (8, 32))]
+    return "| " + " | ".join([name, *cells, *tail]) + " |"
 
 
 def main(argv: list[str] | None = None) -> None:

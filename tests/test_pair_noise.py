@@ -30,3 +30,10 @@ def test_the_report_sets_the_ratio_timed_again_beside_the_first(tmp_path, monkey
     text = pair_noise.report([])
     # ratios now 2.0 and 1.0, then 2.0 / 1.1 and 3.0 / 2.7: each 10% apart
     assert "MAPE 10.0%" in text and "the same in 50%" in text and "2 pairs" in text
+
+
+def test_a_level_plans_slowest_device_grows_with_the_kernel_error_and_the_devices() -> None:
+    assert pair_noise.level_plan_imbalance(0.0, 8) == pytest.approx(1.0)
+    small, large = pair_noise.level_plan_imbalance(0.05, 8), pair_noise.level_plan_imbalance(0.10, 8)
+    assert 1.0 < small < large < pair_noise.level_plan_imbalance(0.10, 32)
+    assert large == pytest.approx(1.0 + 1.42 * 0.10, abs=0.02)  # the expected maximum of 8 normals: 1.42 sd
