@@ -137,9 +137,11 @@ def test_calibrate_with_device_pairs_measures_them_beside_the_kernels_and_learns
     assert "(with 1 device pairs)" in capsys.readouterr().out
 
 
-def test_calibrate_refuses_a_negative_count_of_device_pairs(tmp_path) -> None:
+def test_calibrate_refuses_a_negative_count_of_device_pairs_and_pairs_on_a_gpu(tmp_path) -> None:
     with pytest.raises(SystemExit, match="--device-pairs -2: give 0"):
         main(["calibrate", "--device", "cpu", "--device-pairs", "-2", "--data-dir", str(tmp_path), "--out", str(tmp_path / "m.pt")])
+    with pytest.raises(SystemExit, match="--device-pairs 5 on cuda: .* calibrate a GPU without --device-pairs"):
+        main(["calibrate", "--device", "cuda", "--device-pairs", "5", "--data-dir", str(tmp_path), "--out", str(tmp_path / "m.pt")])
     assert not list(tmp_path.iterdir())
 
 

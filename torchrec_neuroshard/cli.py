@@ -236,7 +236,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--samples", type=int, default=200, help="compute samples to measure (kernels of 1-15 tables)")
     k.add_argument(
         "--device-pairs", type=int, default=0,
-        help="also measure this many pairs of device-sized kernels (16-128 tables, each pair timed in turn) and "
+        help="CPU: also measure this many pairs of device-sized kernels (16-128 tables, each pair timed in turn) and "
         "fine-tune on their level and ratio (about 8 s a pair on a CPU; default 0: none)",
     )  # fmt: skip
     k.add_argument("--world-size", type=int, nargs="*", default=[], help="also measure and calibrate comm at these world sizes")

@@ -127,6 +127,11 @@ class Calibration:
             raise ShardingError(f"--samples {self.samples}: calibrate fine-tunes on measured compute samples; give 1 or more (default 200)")
         if self.device_pairs < 0:
             raise ShardingError(f"--device-pairs {self.device_pairs}: give 0 (none) or more pairs of device-sized kernels")
+        if self.device_pairs and self.device.type != "cpu":
+            raise ShardingError(
+                f"--device-pairs {self.device_pairs} on {self.device}: device pairs are drawn to a CPU's memory (kernels of at "
+                "most 2 GiB), far below what a GPU's devices run; calibrate a GPU without --device-pairs"
+            )
         if self.world_sizes and self.comm_samples < 1:
             raise ShardingError(f"--comm-samples {self.comm_samples} with --world-size: give 1 or more comm samples per world size")
         if self.step_samples < 0:
