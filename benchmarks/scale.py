@@ -262,6 +262,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--passes", type=int, default=JudgeConfig.passes)
     p.add_argument("--draws", type=int, default=JudgeConfig.draws)
     p.add_argument("--rounds", type=int, default=JudgeConfig.rounds)
+    p.add_argument(
+        "--first-draw", type=int, default=JudgeConfig.first_draw,
+        help="measure: the first draw of ids; plans already judged are judged again as a new run on draws not timed before",
+    )  # fmt: skip
     p.add_argument("--no-reference", dest="reference", action="store_false", help="measure: time no reference to steady the plans by")
     p.add_argument("--no-copy", dest="copy", action="store_false", help="measure: time no second copy of the first plan (the A/A check)")
     p.add_argument("--top", type=int, default=2, help="final: each plan's slowest devices timed side by side")
@@ -285,8 +289,8 @@ def main(argv: list[str] | None = None) -> None:
                     run = [n for n in dict.fromkeys(r["planner"] for r in last_judged(read_rows(MEASURED), pool_seed, d)) if n not in (COPY, REFERENCE)]
                     final_round(d, pool_seed, stored_plans(d, pool_seed, run), args.top, MEASURED, args.final_rounds)
                 continue
-            config = JudgeConfig(args.passes, args.draws, args.rounds, reference=args.reference, copy=args.copy)
-            draws = task_draws(args.devices[0], pool_seed, config.draws)
+            config = JudgeConfig(args.passes, args.draws, args.rounds, reference=args.reference, first_draw=args.first_draw, copy=args.copy)
+            draws = task_draws(args.devices[0], pool_seed, config.draws, config.first_draw)
             for d in args.devices:  # the same tables and batch at every D (tests check)
                 measure(d, pool_seed, args.planners or MEASURED_PLANNERS, config, draws)
         if args.step == "report":

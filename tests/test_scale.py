@@ -147,6 +147,17 @@ def test_a_kept_plan_is_the_last_plan_under_a_new_name_with_its_model_named(tmp_
     assert kept["note"] == "7 states; neuroshard's plan, kept"
 
 
+def test_a_re_measure_of_judged_plans_runs_on_the_draws_of_ids_it_names(monkeypatch) -> None:
+    import benchmarks.scale as scale
+    from torchrec_neuroshard.lab.judge import JudgeConfig
+
+    calls = []
+    monkeypatch.setattr(scale, "task_draws", lambda devices, pool_seed, draws, first=0: list(range(first, first + draws)))
+    monkeypatch.setattr(scale, "measure", lambda devices, pool_seed, planners, config, draws: calls.append((config, draws)))
+    scale.main(["measure", "--devices", "8", "--pool-seeds", "2", "--planners", "lookup", "--rounds", "2", "--first-draw", "2"])
+    assert calls == [(JudgeConfig(rounds=2, reference=True, first_draw=2, copy=True), [2, 3])]
+
+
 def test_the_uvm_benchmarks_plan_each_task_on_its_own_held_out_pool_and_pool_0_only_when_asked() -> None:
     import gzip
     import json
