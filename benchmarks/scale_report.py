@@ -21,7 +21,7 @@ from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
 from torchrec_neuroshard.lab.judge import COPY
-from torchrec_neuroshard.lab.judgement import Judged, copy_check, final_judgements, judgements, rank_correlation, ratio_interval, wins
+from torchrec_neuroshard.lab.judgement import Judged, copy_check, final_judgements, judgements, rank_correlation, ratio_interval, runs_ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 
 RESULTS = Path(__file__).parent / "results"
@@ -202,20 +202,35 @@ def model_lines(planned: dict, judged: dict) -> list[str]:
     return lines
 
 
-def _variant_lines(judged: dict) -> list[str]:
-    """Per neuroshard_LABEL (another model, a kept plan): NeuroShard's compute over its, on
-    the held-out tasks judged in one set with both."""
-    ratios: dict[str, list[float]] = {}
-    for (pool_seed, _), by_planner in sorted(judged.items()):
-        for name in (n for n in by_planner if n.startswith("neuroshard_") and "neuroshard" in by_planner):
-            if pool_seed in HELD_OUT_POOL_SEEDS:
-                ratios.setdefault(name, []).append(by_planner["neuroshard"].compute_ms / by_planner[name].compute_ms)
-    if not ratios:
+def judged_runs(rows: list[dict]) -> dict[tuple, dict[str, Judged]]:
+    """Every judged run of the held-out pools, steadied as the tables are: (pool seed, D,
+    plans digest, CPU, judge configuration) -> the planners it measured in full."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["pool_seed"] in HELD_OUT_POOL_SEEDS:
+            runs.setdefault((r["pool_seed"], r["devices"], r["plans_sha"], r.get("cpu"), JudgeConfig.of(r)), []).append(r)
+    return {key: judgements(run, key[1], key[4]) for key, run in runs.items()}
+
+
+def variant_lines(measured_rows: list[dict]) -> list[str]:
+    """Per neuroshard_LABEL (another model, a kept plan) and D: its compute over the shipped
+    model's plan's in every run that judged both, pooled over runs (``runs_ratio_interval``:
+    geometric mean, each run's units resampled), and NeuroShard's over the best heuristic's
+    in the same runs."""
+    pairs: dict[tuple[str, int], list[tuple[Judged, Judged, Judged]]] = {}
+    for (_, devices, *_), judged in judged_runs(measured_rows).items():
+        best = best_heuristic(judged)
+        for name in (n for n in judged if n.startswith("neuroshard_") and "neuroshard" in judged and best):
+            pairs.setdefault((name, devices), []).append((judged[name], judged["neuroshard"], judged[best]))
+    if not pairs:
         return []
-    lines = ["", "## NeuroShard against its variants (held-out pools, judged in the same rounds)", "",
-             "| variant | tasks | neuroshard / variant, geomean | range |", "|---|---|---|---|"]  # fmt: skip
-    for name, r in sorted(ratios.items()):
-        lines.append(f"| {name} | {len(r)} | {float(np.exp(np.mean(np.log(r)))):.3f} | {min(r):.3f}-{max(r):.3f} |")
+    lines = ["", "## NeuroShard against its variants (held-out pools, every run that judged both)", "",
+             "| variant | D | runs (pool x run) | variant / neuroshard, pooled | variant / best heuristic | neuroshard / best heuristic |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for (name, devices), judged in sorted(pairs.items()):
+        ours = [interval_text(runs_ratio_interval([(a, b) for a, b, _ in judged]))]
+        ours += [interval_text(runs_ratio_interval([(a, h) for a, _, h in judged])), interval_text(runs_ratio_interval([(b, h) for _, b, h in judged]))]
+        lines.append(f"| {name} | {devices} | {len(judged)} | " + " | ".join(ours) + " |")
     return lines
 
 
@@ -259,7 +274,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         for t in (t for t in tasks if t[0] == pool_seed):
             lines += task_lines(*t, planned[t], judged[t])
     lines += judge_lines(measured_rows, tasks)
-    lines += _variant_lines(judged)
+    lines += variant_lines(measured_rows)
     lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + model_lines(planned, judged)
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)

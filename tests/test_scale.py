@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from benchmarks.scale import POOL_SEEDS, scale_task
-from benchmarks.scale_report import judge_lines, judged_task, latest_plans
+from benchmarks.scale_report import judge_lines, judged_task, latest_plans, variant_lines
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.published_comm import INTER_HOST_GBPS, INTRA_HOST_GBPS, LATENCY_MS, PublishedLinks, modelled_comm
@@ -108,6 +108,23 @@ def test_the_judges_section_reads_each_run_steadied_and_plain_and_skips_runs_wit
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[4] == "1.000 (1.000-1.000)" and cells[7] == "0.500 (0.500-0.500) lookup"  # side by side, no reference
     assert judge_lines([r for r in rows if r["planner"] != "_copy"], [(2, 2)]) == []
+
+
+def test_a_variant_is_pooled_over_every_run_that_judged_it_beside_the_shipped_models_plan() -> None:
+    """Two runs of one task (another draw of ids, so another run) and a run without the
+    variant: the variant's ratio is the geometric mean of its two runs', the third left out."""
+    config = {"passes": 1, "draws": 1, "rounds": 1, "repeats": 1}
+
+    def row(sha: str, first_draw: int, planner: str, ms: float) -> dict:
+        return {"pool_seed": 2, "devices": 1, "plans_sha": sha, **config, "first_draw": first_draw, "pass": 0, "draw": 0,
+                "device": 0, "planner": planner, "fused_ms": [ms], "replicas_ms": [0.0]}  # fmt: skip
+
+    times = {0: {"neuroshard": 1.0, "neuroshard_b": 0.5, "lookup": 2.0}, 2: {"neuroshard": 1.0, "neuroshard_b": 2.0, "lookup": 2.0}}
+    rows = [row("s", first, name, ms) for first, by in times.items() for name, ms in by.items()]
+    rows += [row("t", 0, "neuroshard", 1.0), row("t", 0, "lookup", 4.0)]
+    (line,) = [x for x in variant_lines(rows) if x.startswith("| neuroshard_b |")]
+    assert [c.strip() for c in line.strip("|").split("|")][1:] == ["1", "2", "1.000 (1.000-1.000)", "0.500 (0.500-0.500)", "0.500 (0.500-0.500)"]  # one unit a run: no spread within runs
+    assert variant_lines([r for r in rows if r["planner"] != "neuroshard_b"]) == []
 
 
 @pytest.mark.slow
