@@ -16,6 +16,7 @@ constraints (``planner``).
 
 from __future__ import annotations
 
+import logging
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -35,6 +36,8 @@ from torchrec_neuroshard.types import (
     TableSpec,
     Task,
 )
+
+logger = logging.getLogger(__name__)
 
 Kinds = tuple[TablePlacement, ...]
 """Placements fixed before the column splits: the given ones, then the tables split by
@@ -132,6 +135,8 @@ def _cheapest(
     if config.kinds_shortlist and len(grid) > config.kinds_shortlist:  # (the estimate prices row splits: not for nothing)
         estimate = per_state.min(1) + _fixed_estimate(task, model, embed, [fixed[len(given) :] for fixed in grid])  # [states]
         shortlist = set(np.argsort(estimate, kind="stable")[: config.kinds_shortlist].tolist())
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("kinds choices: %s", _choices_text([fixed[len(given) :] for fixed in grid], per_state.min(1), shortlist))
     for i, fixed in enumerate(grid):
         if best is not None and past(config.deadline):
             break
@@ -142,6 +147,17 @@ def _cheapest(
         if best is None or cost < best[0] - 1e-9:
             best = (cost, fixed)
     return best[1] if best is not None else None
+
+
+def _choices_text(chosen: Sequence[Kinds], greedy_ms: np.ndarray, shortlist: set[int] | None) -> str:
+    """Each choice as 'rows R, replicas P: its quick greedy's ms' ('out of memory' where every
+    run died; '*' where the shortlist kept it to be priced whole), for the debug log."""
+    out = []
+    for i, fixed in enumerate(chosen):
+        rows, replicas = sum(p.kind.splits_rows for p in fixed), sum(p.kind is ShardingKind.DATA_PARALLEL for p in fixed)
+        ms = f"{greedy_ms[i]:.1f} ms" if np.isfinite(greedy_ms[i]) else "out of memory"
+        out.append(f"rows {rows}, replicas {replicas}: {ms}{'*' if shortlist is None or i in shortlist else ''}")
+    return "; ".join(out)
 
 
 def _fixed_estimate(task: Task, model: CostModel, embed: Embedder, chosen: Sequence[Kinds]) -> np.ndarray:

@@ -1,0 +1,154 @@
+"""What sets a plan's compute: each plan's slowest measured devices, what they hold, and
+how the model that planned them priced them.
+
+    python -m studies.slowest_devices --devices 128 --planners neuroshard neuroshard_today
+
+For the scale benchmark's last judged run per held-out pool and D (``benchmarks.scale``,
+rows and plans as committed): each named plan's ``--top`` slowest devices by the judge's
+per-device medians, each with its price as planned (the row's stored ``predicted_ms``: the
+model that searched, not the shipped one re-pricing it) and its column shards (table,
+columns of the table's, pooling factor); and the tables the plan splits (column-wise,
+row-wise, table-row-wise), heaviest lookup first. With ``--models``: every plan priced by
+each model file (its slowest device), and each model's own search on the task (``search``)
+with its choice of row splits and replicas as the debug log of ``search.kinds`` gives it
+(each choice's quick greedy placement, or "out of memory" where every run of it died).
+Writes ``results/slowest_devices.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.scale import planning_model, scale_task
+from benchmarks.scale_report import MEASURED, PLANNED, judged_task, latest_plans
+from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
+from torchrec_neuroshard.search import kinds, predicted_breakdown, search
+from torchrec_neuroshard.types import Plan, Task
+
+OUT = Path(__file__).parent / "results" / "slowest_devices.md"
+SPLIT_KINDS = ("column_wise", "row_wise", "table_row_wise")
+
+
+def slowest(measured_ms: np.ndarray, top: int) -> list[int]:
+    """The ``top`` devices of the largest measured time, slowest first (ties by device)."""
+    return sorted(range(len(measured_ms)), key=lambda d: (-measured_ms[d], d))[:top]
+
+
+def device_text(task: Task, plan: Plan, device: int) -> str:
+    """A device's column shards as 'table (columns / dim, pooling factor)'."""
+    shards = plan.device_shards(task.tables)[device]
+    return ", ".join(f"{s.table.name} ({s.width}/{s.table.dim}, {s.table.pooling_factor:.0f})" for s in shards) or "-"
+
+
+def split_tables(task: Task, plan: Plan) -> list[str]:
+    """The tables ``plan`` splits, heaviest lookup (pooling factor x dim) first, with their kind."""
+    by_name = {t.name: t for t in task.tables}
+    split = [p for p in plan.placements if p.kind.value in SPLIT_KINDS]
+    split.sort(key=lambda p: -by_name[p.table].pooling_factor * by_name[p.table].dim)
+    return [f"{p.table} {p.kind.value}" for p in split]
+
+
+def task_lines(pool_seed: int, devices: int, planners: list[str], top: int) -> list[str]:
+    """One task's table rows: each planner's slowest devices, measured against as planned."""
+    judged = judged_task(read_rows(MEASURED), pool_seed, devices)
+    planned = latest_plans(read_rows(PLANNED), pool_seed, devices)
+    task, lines = scale_task(devices, pool_seed), []
+    for name in (n for n in planners if n in judged and n in planned):
+        plan, measured = Plan.from_dict(planned[name]["plan"]), judged[name].per_device  # [devices]
+        predicted = np.asarray(planned[name]["predicted_ms"])  # [devices]
+        splits = split_tables(task, plan)
+        for rank, d in enumerate(slowest(measured, top)):
+            split_text = f"{len(splits)}: {'; '.join(splits[:4])}{' ...' if len(splits) > 4 else ''}" if rank == 0 else ""
+            lines.append(
+                f"| {pool_seed} | {devices} | {name} | {d} | {measured[d]:.1f} | {predicted[d]:.1f} "
+                f"| {np.median(measured):.1f} | {device_text(task, plan, d)} | {split_text} |"
+            )
+    return lines
+
+
+class _Kept(logging.Handler):
+    """The messages of one logger, kept."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def model_lines(pool_seed: int, devices: int, planners: list[str], models: list[str]) -> list[str]:
+    """Per model file: each judged plan's slowest device as it prices it, and its own
+    search's choices of row splits and replicas (the debug log of ``search.kinds``)."""
+    planned = latest_plans(read_rows(PLANNED), pool_seed, devices)
+    lines, kept = [], _Kept()
+    kinds.logger.addHandler(kept)
+    kinds.logger.setLevel(logging.DEBUG)
+    try:
+        for path in models:
+            task, model = planning_model(devices, pool_seed, None if path == "cpu" else path)
+            priced = []
+            for name in (n for n in planners if n in planned):
+                _, per_device = predicted_breakdown(model, task, Plan.from_dict(planned[name]["plan"]))
+                priced.append(f"{name} {max(d.compute for d in per_device):.1f}")
+            kept.messages.clear()
+            plan = search(task, model).plan
+            _, per_device = predicted_breakdown(model, task, plan)
+            choices = kept.messages[-1].split(": ", 1)[1].split("; ") if kept.messages else []
+            died = sum("out of memory" in c for c in choices if not c.startswith("rows 0,"))
+            split = sum(not c.startswith("rows 0,") for c in choices)
+            chosen = f"rows {sum(p.kind.splits_rows for p in plan.placements)}, replicas {len(plan.data_parallel)}"
+            lines.append(
+                f"| {pool_seed} | {devices} | {path} | {'; '.join(priced)} | {max(d.compute for d in per_device):.1f} "
+                f"| {chosen} | {died} of {split} |"
+            )
+    finally:
+        kinds.logger.removeHandler(kept)
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, nargs="+", default=[128])
+    p.add_argument("--pool-seeds", type=int, nargs="+", default=list(HELD_OUT_POOL_SEEDS[:3]))
+    p.add_argument("--planners", nargs="+", default=["neuroshard", "neuroshard_today"])
+    p.add_argument("--top", type=int, default=3)
+    p.add_argument("--models", nargs="*", default=[], help="model files (or cpu: the shipped one) to price the plans and search with")
+    args = p.parse_args(argv)
+    tasks = [(s, d) for d in args.devices for s in args.pool_seeds]
+    rows = [line for s, d in tasks for line in task_lines(s, d, args.planners, args.top)]
+    priced = [line for s, d in tasks for line in model_lines(s, d, args.planners, args.models)]
+    text = "\n".join([
+        "# The slowest devices of each plan", "",
+        f"`python -m studies.slowest_devices {' '.join(sys.argv[1:] if argv is None else argv)}`; "
+        f"written {datetime.date.today()} from the committed rows of `benchmarks.scale` (each task's last judged run). "
+        "Measured: the judge's per-device median (ms, steadied as scale.md's tables are); as planned: the "
+        "planning model's price of that device (the row's `predicted_ms`). Shards: table (its columns on the "
+        "device / its dim, pooling factor). Split tables: how many the plan splits, heaviest lookup first.", "",
+        "| pool | D | planner | device | measured ms | as planned ms | median device ms | shards | split tables |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        *([
+            "", "## The plans priced by each model, and each model's own search", "",
+            "Each judged plan's slowest device as the model prices it (ms); the model's own plan (`search`, as "
+            "`benchmarks.scale plan` runs it): its slowest device, the row splits and replicas it fixed, and how many "
+            "of the choices with row splits it could not price because every quick greedy placement of the other "
+            "tables ran out of memory.", "",
+            "| pool | D | model | judged plans priced | its own plan | its row splits, replicas | row-split choices out of memory |",
+            "|---|---|---|---|---|---|---|",
+            *priced,
+        ] if priced else []),
+    ])  # fmt: skip
+    OUT.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
