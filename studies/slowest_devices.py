@@ -11,7 +11,8 @@ columns of the table's, pooling factor); and the tables the plan splits (column-
 row-wise, table-row-wise), heaviest lookup first. With ``--models``: every plan priced by
 each model file (its slowest device), and each model's own search on the task (``search``)
 with its choice of row splits and replicas as the debug log of ``search.kinds`` gives it
-(each choice's quick greedy placement, or "out of memory" where every run of it died).
+(each choice's quick greedy placement, "(largest first)" where every run of it died with
+the costliest tables first, "out of memory" where it died with the largest first too).
 Writes ``results/slowest_devices.md``.
 """
 
@@ -102,12 +103,13 @@ def model_lines(pool_seed: int, devices: int, planners: list[str], models: list[
             plan = search(task, model).plan
             _, per_device = predicted_breakdown(model, task, plan)
             choices = kept.messages[-1].split(": ", 1)[1].split("; ") if kept.messages else []
-            died = sum("out of memory" in c for c in choices if not c.startswith("rows 0,"))
-            split = sum(not c.startswith("rows 0,") for c in choices)
+            split = [c for c in choices if not c.startswith("rows 0,")]
+            costliest = sum(c.rstrip("*").endswith(("out of memory", "(largest first)")) for c in split)  # died costliest first
+            died = sum("out of memory" in c for c in split)  # died largest first too
             chosen = f"rows {sum(p.kind.splits_rows for p in plan.placements)}, replicas {len(plan.data_parallel)}"
             lines.append(
                 f"| {pool_seed} | {devices} | {path} | {'; '.join(priced)} | {max(d.compute for d in per_device):.1f} "
-                f"| {chosen} | {died} of {split} |"
+                f"| {chosen} | {costliest} / {died} of {len(split)} |"
             )
     finally:
         kinds.logger.removeHandler(kept)
@@ -139,9 +141,9 @@ def main(argv: list[str] | None = None) -> None:
             "", "## The plans priced by each model, and each model's own search", "",
             "Each judged plan's slowest device as the model prices it (ms); the model's own plan (`search`, as "
             "`benchmarks.scale plan` runs it): its slowest device, the row splits and replicas it fixed, and how many "
-            "of the choices with row splits it could not price because every quick greedy placement of the other "
-            "tables ran out of memory.", "",
-            "| pool | D | model | judged plans priced | its own plan | its row splits, replicas | row-split choices out of memory |",
+            "of the choices with row splits had every quick greedy placement of the other tables run out of memory, "
+            "placed costliest first / placed largest first too (those it could not price).", "",
+            "| pool | D | model | judged plans priced | its own plan | its row splits, replicas | row-split choices out of memory (costliest first / largest first) |",
             "|---|---|---|---|---|---|---|",
             *priced,
         ] if priced else []),

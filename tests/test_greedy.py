@@ -114,12 +114,16 @@ def test_greedy_runs_placed_together_are_the_runs_placed_alone(seed) -> None:
         assert (run.died_at[0], run.free_at_death[0]) == (together.died_at[r], together.free_at_death[r])
 
 
-def _plain_greedy(task, model, keys, state, scale, cap) -> tuple[list[int], int]:
-    """The greedy written plainly, one shard a step: each shard, most costly first, to the
-    device of least load with room (``_plain_choice``). The devices it chose, and the
-    shard index where it found no room (-1: none)."""
+def _plain_greedy(task, model, keys, state, scale, cap, memory_first=False) -> tuple[list[int], int]:
+    """The greedy written plainly, one shard a step: each shard, most costly first (or
+    largest first, ties most costly first), to the device of least load with room
+    (``_plain_choice``). The devices it chose, and the shard index where it found no room
+    (-1: none)."""
     ids = keys.ids(state)
-    ids = ids[np.argsort(-keys.single[ids], kind="stable")]
+    if memory_first:
+        ids = sorted(ids, key=lambda k: (-keys.size[k], -keys.single[k]))  # (sorted is stable: ties keep the state's order)
+    else:
+        ids = ids[np.argsort(-keys.single[ids], kind="stable")]
     D = task.num_devices
     dim_cap = np.floor(scale * keys.width[ids].sum() / D + 1e-9)
     sums = np.zeros((D, keys.emb.shape[1]), dtype=np.float32)
@@ -137,11 +141,12 @@ def _plain_greedy(task, model, keys, state, scale, cap) -> tuple[list[int], int]
     return chosen, -1
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_greedy_runs_are_the_greedy_written_plainly(seed) -> None:
+@pytest.mark.parametrize("seed, memory_first", [(0, False), (1, False), (0, True)])
+def test_greedy_runs_are_the_greedy_written_plainly(seed, memory_first) -> None:
     """Every run of two states at every scale, placed together (sharing placements, parting),
     puts each shard where the greedy written plainly does and dies at the same shard;
-    caps tight enough that some runs die, dim caps that block devices."""
+    caps tight enough that some runs die, dim caps that block devices; shards costliest
+    first, or largest first."""
     from torchrec_neuroshard.search import default_scales
     from torchrec_neuroshard.search.greedy import Keys, greedy_runs, state_keys
     from torchrec_neuroshard.search.splits import _split_children
@@ -156,9 +161,9 @@ def test_greedy_runs_are_the_greedy_written_plainly(seed) -> None:
     states = [root, _split_children(root, keys, 1, [4] * len(task.tables))[0]]
     keys.ensure([k for s in states for k in state_keys(s)])
     caps, scales = [task.memory_cap_bytes * 0.97, task.memory_cap_bytes * 1.2], default_scales()
-    runs = greedy_runs(task, model, keys, states, scales, caps)
+    runs = greedy_runs(task, model, keys, states, scales, caps, memory_first=memory_first)
     assert np.isfinite(runs.cost).any() and (runs.died_at >= 0).any()
     for r, (state, cap, scale) in enumerate((s, c, x) for s, c in zip(states, caps) for x in scales):
-        chosen, died_at = _plain_greedy(task, model, keys, state, scale, cap)
+        chosen, died_at = _plain_greedy(task, model, keys, state, scale, cap, memory_first)
         assert runs.died_at[r] == died_at
         np.testing.assert_array_equal(runs.assign[r, : len(chosen)], chosen)

@@ -102,10 +102,12 @@ def greedy_runs(
     caps: Sequence[float] | None = None,
     reserved: np.ndarray | None = None,
     deadline: float | None = None,
+    memory_first: bool = False,
 ) -> Runs | None:
     """Greedy placement for every (state, scale) pair in lockstep: shards sorted by
-    predicted single-shard cost, each to the feasible device of least predicted compute so
-    far (ties to less memory of its own); feasible = memory fits (``caps`` per state, default
+    predicted single-shard cost (``memory_first``: by bytes, largest first, ties by cost),
+    each to the feasible device of least predicted compute so far (ties to less memory of
+    its own); feasible = memory fits (``caps`` per state, default
     the task's cap, less ``reserved`` [D], default the task's) and the device's dim sum
     stays within scale x (total width / D). None if ``deadline`` (a ``time.perf_counter()``
     reading, the planning budget's) passes before every run has ended.
@@ -114,7 +116,7 @@ def greedy_runs(
     part (a state's scales, states alike up to their first difference): placed once."""
     D = task.num_devices
     cap = np.repeat(np.asarray(caps if caps is not None else [task.memory_cap_bytes] * len(states), dtype=np.float64), len(scales))
-    order, dim_cap, length = _run_orders(keys, states, scales, D)
+    order, dim_cap, length = _run_orders(keys, states, scales, D, memory_first)
     dim_cap = _whole_columns(dim_cap)  # [R] int64: the int32 dim sums compare as whole numbers
     width = keys.width.astype(np.int32)  # [K] whole columns, as the dim sums hold them
     smax, R = order.shape
@@ -196,15 +198,17 @@ def _one_run_per_placement(
 
 
 def _run_orders(
-    keys: Keys, states: Sequence[Widths], scales: Sequence[float], devices: int
+    keys: Keys, states: Sequence[Widths], scales: Sequence[float], devices: int, memory_first: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per run (R = states x scales, a state's scales together): the key of the shard it
-    places at each step [Smax, R] (-1 past its last), its dim cap (scale x total width /
-    devices, plus a tolerance) [R] and its number of shards [R]."""
+    places at each step [Smax, R] (-1 past its last; costliest first, or largest first),
+    its dim cap (scale x total width / devices, plus a tolerance) [R] and its number of
+    shards [R]."""
     per_state = []
     for st in states:
         ids = keys.ids(st)
-        per_state.append(ids[np.argsort(-keys.single[ids], kind="stable")])
+        by_cost = ids[np.argsort(-keys.single[ids], kind="stable")]
+        per_state.append(by_cost[np.argsort(-keys.size[by_cost], kind="stable")] if memory_first else by_cost)
     n_scales = len(scales)
     order = np.full((max(len(ids) for ids in per_state), len(states) * n_scales), -1, dtype=np.int64)  # [Smax, R]
     for i, ids in enumerate(per_state):
