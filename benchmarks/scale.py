@@ -51,7 +51,7 @@ from tqdm import tqdm
 
 from benchmarks.fullsize import PLANNERS as FULLSIZE_PLANNERS
 from benchmarks.fullsize import plan_with
-from benchmarks.scale_report import MEASURED, PLANNED, last_judged, latest_plans, ok_rows, write_report
+from benchmarks.scale_report import MEASURED, PLANNED, last_judged, latest_plans, ok_rows, plans_digest, write_report
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, cost_model_for
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.hardware import local_hardware
@@ -195,7 +195,7 @@ def task_draws(num_devices: int, pool_seed: int, draws: int, first: int = 0) -> 
 
 def plans_sha(plans: dict[str, Plan]) -> str:
     """The digest of a task's plans by planner name that ``judge_task``'s rows carry."""
-    return hashlib.sha1(json.dumps({n: p.to_dict() for n, p in plans.items()}, sort_keys=True).encode()).hexdigest()[:12]
+    return plans_digest({n: p.to_dict() for n, p in plans.items()})
 
 
 def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config: JudgeConfig, draws: list, out: Path) -> None:

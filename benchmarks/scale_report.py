@@ -11,6 +11,9 @@ last) and writes ``results/scale.md``.
 from __future__ import annotations
 
 import datetime
+import hashlib
+import itertools
+import json
 import statistics
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -20,7 +23,7 @@ import numpy as np
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
-from torchrec_neuroshard.lab.judge import COPY
+from torchrec_neuroshard.lab.judge import COPY, REFERENCE
 from torchrec_neuroshard.lab.judgement import Judged, copy_check, final_judgements, judgements, rank_correlation, ratio_interval, runs_ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 
@@ -212,16 +215,62 @@ def judged_runs(rows: list[dict]) -> dict[tuple, dict[str, Judged]]:
     return {key: judgements(run, key[1], key[4]) for key, run in runs.items()}
 
 
-def variant_lines(measured_rows: list[dict]) -> list[str]:
+def plans_digest(plans: Mapping[str, dict]) -> str:
+    """The digest of a task's plans (each ``Plan.to_dict()``) by planner name: the judge's
+    rows carry it as ``plans_sha``."""
+    return hashlib.sha1(json.dumps(dict(plans), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def run_plans(planned_rows: list[dict], pool_seed: int, devices: int, names: Sequence[str], sha: str) -> dict[str, dict] | None:
+    """The plan each of ``names`` had in the judged run of digest ``sha``: of the plans ever
+    stored under those names on the task, the combination of that digest (None: none)."""
+    stored: dict[str, dict[str, dict]] = {n: {} for n in names}  # name -> plan's json -> plan
+    for r in planned_rows:
+        if r.get("pool_seed") == pool_seed and r["devices"] == devices and r["planner"] in stored and r["status"] == "ok":
+            stored[r["planner"]][json.dumps(r["plan"], sort_keys=True)] = r["plan"]
+    for plans in itertools.product(*(list(stored[n].values()) for n in names)):
+        if plans_digest(dict(zip(names, plans))) == sha:
+            return dict(zip(names, plans))
+    return None
+
+
+def plan_label(latest: Mapping[str, dict], name: str, plan: dict) -> str:
+    """What a judged plan of planner ``name`` is reported as: ``name`` while it is that
+    planner's last plan (``latest``: the task's last row by planner); after a re-plan, the
+    label the plan was kept under (``scale.keep``), or ``name (an earlier plan)``."""
+    if name in latest and latest[name]["plan"] == plan:
+        return name
+    kept = [n for n, r in latest.items() if n.startswith("neuroshard_") and r.get("plan") == plan]
+    return kept[0] if kept else f"{name} (an earlier plan)"
+
+
+def _run_labels(planned_rows: list[dict], measured_rows: list[dict]) -> dict[tuple, dict[str, str]]:
+    """Per judged run of the held-out pools (``judged_runs``' key): each neuroshard_LABEL's
+    ``plan_label`` (its own name where the run's plans cannot be told)."""
+    names: dict[tuple, dict[str, None]] = {}
+    for r in measured_rows:
+        if r["pool_seed"] in HELD_OUT_POOL_SEEDS and r["planner"] not in (COPY, REFERENCE):
+            names.setdefault((r["pool_seed"], r["devices"], r["plans_sha"], r.get("cpu"), JudgeConfig.of(r)), {})[r["planner"]] = None
+    labels = {}
+    for key, run in names.items():
+        pool_seed, devices, sha = key[:3]
+        plans, latest = run_plans(planned_rows, pool_seed, devices, list(run), sha), latest_plans(planned_rows, pool_seed, devices)
+        labels[key] = {n: plan_label(latest, n, plans[n]) if plans else n for n in run if n.startswith("neuroshard_")}
+    return labels
+
+
+def variant_lines(measured_rows: list[dict], planned_rows: list[dict]) -> list[str]:
     """Per neuroshard_LABEL (another model, a kept plan) and D: its compute over the shipped
     model's plan's in every run that judged both, pooled over runs (``runs_ratio_interval``:
     geometric mean, each run's units resampled), and NeuroShard's over the best heuristic's
-    in the same runs."""
+    in the same runs. A plan is pooled under the label it has now (``plan_label``): a run
+    of a plan since re-planned counts for the label it was kept under."""
     pairs: dict[tuple[str, int], list[tuple[Judged, Judged, Judged]]] = {}
-    for (_, devices, *_), judged in judged_runs(measured_rows).items():
+    labels = _run_labels(planned_rows, measured_rows)
+    for key, judged in judged_runs(measured_rows).items():
         best = best_heuristic(judged)
         for name in (n for n in judged if n.startswith("neuroshard_") and "neuroshard" in judged and best):
-            pairs.setdefault((name, devices), []).append((judged[name], judged["neuroshard"], judged[best]))
+            pairs.setdefault((labels[key].get(name, name), key[1]), []).append((judged[name], judged["neuroshard"], judged[best]))
     if not pairs:
         return []
     lines = ["", "## NeuroShard against its variants (held-out pools, every run that judged both)", "",
@@ -274,7 +323,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         for t in (t for t in tasks if t[0] == pool_seed):
             lines += task_lines(*t, planned[t], judged[t])
     lines += judge_lines(measured_rows, tasks)
-    lines += variant_lines(measured_rows)
+    lines += variant_lines(measured_rows, planned_rows)
     lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + model_lines(planned, judged)
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)

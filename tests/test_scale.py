@@ -122,9 +122,36 @@ def test_a_variant_is_pooled_over_every_run_that_judged_it_beside_the_shipped_mo
     times = {0: {"neuroshard": 1.0, "neuroshard_b": 0.5, "lookup": 2.0}, 2: {"neuroshard": 1.0, "neuroshard_b": 2.0, "lookup": 2.0}}
     rows = [row("s", first, name, ms) for first, by in times.items() for name, ms in by.items()]
     rows += [row("t", 0, "neuroshard", 1.0), row("t", 0, "lookup", 4.0)]
-    (line,) = [x for x in variant_lines(rows) if x.startswith("| neuroshard_b |")]
+    (line,) = [x for x in variant_lines(rows, []) if x.startswith("| neuroshard_b |")]
     assert [c.strip() for c in line.strip("|").split("|")][1:] == ["1", "2", "1.000 (1.000-1.000)", "0.500 (0.500-0.500)", "0.500 (0.500-0.500)"]  # one unit a run: no spread within runs
-    assert variant_lines([r for r in rows if r["planner"] != "neuroshard_b"]) == []
+    assert variant_lines([r for r in rows if r["planner"] != "neuroshard_b"], []) == []
+
+
+def test_a_run_of_a_plan_since_re_planned_is_pooled_under_the_label_it_was_kept_as() -> None:
+    """neuroshard_b judged (0.5 of neuroshard), then kept as neuroshard_b_old and re-planned
+    (``scale keep`` then ``plan``), both judged (old 0.5, new 2.0): the first run counts for
+    neuroshard_b_old, not for the new plan of neuroshard_b; a plan neither latest nor kept
+    reads as an earlier plan."""
+    from benchmarks.scale_report import plans_digest
+
+    config = {"passes": 1, "draws": 1, "rounds": 1, "repeats": 1}
+    plans = {"neuroshard": {"p": "n"}, "lookup": {"p": "l"}}
+    first, second = {**plans, "neuroshard_b": {"p": "b1"}}, {**plans, "neuroshard_b": {"p": "b2"}, "neuroshard_b_old": {"p": "b1"}}
+
+    def planned(by: dict) -> list[dict]:
+        return [{"pool_seed": 2, "devices": 1, "planner": n, "status": "ok", "plan": p} for n, p in by.items()]
+
+    def rows(by: dict, times: dict) -> list[dict]:
+        return [{"pool_seed": 2, "devices": 1, "plans_sha": plans_digest(by), **config, "pass": 0, "draw": 0, "device": 0,
+                 "planner": n, "fused_ms": [ms], "replicas_ms": [0.0]} for n, ms in times.items()]  # fmt: skip
+
+    measured = rows(first, {"neuroshard": 1.0, "neuroshard_b": 0.5, "lookup": 2.0})
+    measured += rows(second, {"neuroshard": 1.0, "neuroshard_b": 2.0, "neuroshard_b_old": 0.5, "lookup": 2.0})
+    lines = variant_lines(measured, planned(first) + planned(second))
+    by_label = {x.split("|")[1].strip(): [c.strip() for c in x.strip("|").split("|")][2:4] for x in lines if x.startswith("| neuroshard_")}
+    assert by_label == {"neuroshard_b": ["1", "2.000 (2.000-2.000)"], "neuroshard_b_old": ["2", "0.500 (0.500-0.500)"]}
+    lines = variant_lines(measured, planned(first) + planned({**second, "neuroshard_b_old": {"p": "b3"}}))
+    assert any(x.startswith("| neuroshard_b (an earlier plan) | 1 | 1 | 0.500 ") for x in lines)
 
 
 @pytest.mark.slow
