@@ -51,6 +51,7 @@ from tqdm import tqdm
 
 from benchmarks.fullsize import PLANNERS as FULLSIZE_PLANNERS
 from benchmarks.fullsize import plan_with
+from benchmarks.search_speed_full import commit
 from benchmarks.scale_report import MEASURED, PLANNED, last_judged, latest_plans, ok_rows, plans_digest, write_report
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, cost_model_for
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
@@ -155,7 +156,7 @@ def plan_all(
     collectives by its model's own (gloo) comm, not the topology's links."""
     task, model = planning_model(num_devices, pool_seed, model_path, measured_comm)
     for name in planners:
-        row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name}
+        row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, "commit": commit(), "cpu": local_hardware("cpu").describe()}
         if name.startswith("neuroshard"):
             row.update(
                 model=str(model_path or "shipped cpu.pt"), model_sha256=_sha256(Path(model_path) if model_path else PRETRAINED_DIR / "cpu.pt"),

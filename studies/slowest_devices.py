@@ -13,6 +13,8 @@ each model file (its slowest device), and each model's own search on the task (`
 with its choice of row splits and replicas as the debug log of ``search.kinds`` gives it
 (each choice's quick greedy placement, "(largest first)" where every run of it died with
 the costliest tables first, "out of memory" where it died with the largest first too).
+Last, each model's predicted / measured compute of every judged device, by whether the
+device holds one column shard or several and whether it is slow.
 Writes ``results/slowest_devices.md``.
 """
 
@@ -116,6 +118,33 @@ def model_lines(pool_seed: int, devices: int, planners: list[str], models: list[
     return lines
 
 
+SLOW = 1.2
+"""A device is slow when measured at this many times its plan's median device or more."""
+HOLDINGS = ("one shard", "one shard, slow", "several", "several, slow")
+
+
+def holding_lines(tasks: list[tuple[int, int]], models: list[str]) -> list[str]:
+    """Per model file, its predicted / measured compute (median, and how many devices) of
+    every device of every judged plan of ``tasks``, by what the device holds (one column
+    shard or several) and whether it is slow (``SLOW``)."""
+    measured_rows, planned_rows, lines = read_rows(MEASURED), read_rows(PLANNED), []
+    for path in models:
+        ratios: dict[str, list[float]] = {h: [] for h in HOLDINGS}
+        for pool_seed, devices in tasks:
+            task, model = planning_model(devices, pool_seed, None if path == "cpu" else path)
+            planned = latest_plans(planned_rows, pool_seed, devices)
+            for name, judged in judged_task(measured_rows, pool_seed, devices).items():
+                plan = Plan.from_dict(planned[name]["plan"])
+                _, per_device = predicted_breakdown(model, task, plan)
+                median = np.median(judged.per_device)
+                for d, shards in enumerate(plan.device_shards(task.tables)):
+                    kind = ("one shard" if len(shards) == 1 else "several") + (", slow" if judged.per_device[d] >= SLOW * median else "")
+                    ratios[kind].append(per_device[d].compute / judged.per_device[d])
+        cells = [f"{np.median(r):.3f} ({len(r)})" if r else "-" for r in ratios.values()]
+        lines.append(f"| {path} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, nargs="+", default=[128])
@@ -127,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = [(s, d) for d in args.devices for s in args.pool_seeds]
     rows = [line for s, d in tasks for line in task_lines(s, d, args.planners, args.top)]
     priced = [line for s, d in tasks for line in model_lines(s, d, args.planners, args.models)]
+    holding = holding_lines(tasks, args.models)
     text = "\n".join([
         "# The slowest devices of each plan", "",
         f"`python -m studies.slowest_devices {' '.join(sys.argv[1:] if argv is None else argv)}`; "
@@ -146,6 +176,13 @@ def main(argv: list[str] | None = None) -> None:
             "| pool | D | model | judged plans priced | its own plan | its row splits, replicas | row-split choices out of memory (costliest first / largest first) |",
             "|---|---|---|---|---|---|---|",
             *priced,
+            "", "## Each model's error by what a device holds", "",
+            f"Every device of every judged plan above (all planners): the model's predicted / measured compute, median "
+            f"(devices), by whether the device holds one column shard or several and whether it is slow (measured at "
+            f"{SLOW} x its plan's median device or more).", "",
+            "| model | " + " | ".join(HOLDINGS) + " |",
+            "|---|---|---|---|---|",
+            *holding,
         ] if priced else []),
     ])  # fmt: skip
     OUT.write_text(text + "\n")

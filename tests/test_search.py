@@ -251,8 +251,9 @@ def test_a_table_heavier_than_a_devices_fair_share_is_taken_off_the_slowest_devi
     excess off the slowest device, not a 128th of the table: the kinds stage scores it so,
     and the grid, replica against row split, takes the cheaper step. (Scored by a 128th,
     below 64 cheap replicas, its replica was never tried and the table stayed column-wise,
-    the step's bottleneck: predicted step 25.1 ms, against 14.9 now on the AMD EPYC and
-    15.2 on an Intel Xeon, whose floats break a near-tie otherwise.)"""
+    the step's bottleneck: predicted step 25.1 ms, against 14.9-15.2 now: a near-tie in the
+    floats picks the plan, 14.9 on the AMD EPYC of 11-29, 15.2 on an Intel Xeon and on the
+    AMD EPYC of 12-05.)"""
     from dataclasses import replace
 
     from benchmarks.scale import scale_task
