@@ -155,8 +155,9 @@ def plan_all(
     report and the judge read the last row of each). ``measured_comm``: NeuroShard prices
     collectives by its model's own (gloo) comm, not the topology's links."""
     task, model = planning_model(num_devices, pool_seed, model_path, measured_comm)
+    planned_by = {"commit": commit(), "cpu": local_hardware("cpu").describe()}
     for name in planners:
-        row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, "commit": commit(), "cpu": local_hardware("cpu").describe()}
+        row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, **planned_by}
         if name.startswith("neuroshard"):
             row.update(
                 model=str(model_path or "shipped cpu.pt"), model_sha256=_sha256(Path(model_path) if model_path else PRETRAINED_DIR / "cpu.pt"),

@@ -205,13 +205,18 @@ def model_lines(planned: dict, judged: dict) -> list[str]:
     return lines
 
 
+def run_key(row: dict) -> tuple:
+    """The judged run a judge's row belongs to: (pool seed, D, plans digest, CPU, judge configuration)."""
+    return row["pool_seed"], row["devices"], row["plans_sha"], row.get("cpu"), JudgeConfig.of(row)
+
+
 def judged_runs(rows: list[dict]) -> dict[tuple, dict[str, Judged]]:
-    """Every judged run of the held-out pools, steadied as the tables are: (pool seed, D,
-    plans digest, CPU, judge configuration) -> the planners it measured in full."""
+    """Every judged run of the held-out pools, steadied as the tables are: ``run_key`` ->
+    the planners it measured in full."""
     runs: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["pool_seed"] in HELD_OUT_POOL_SEEDS:
-            runs.setdefault((r["pool_seed"], r["devices"], r["plans_sha"], r.get("cpu"), JudgeConfig.of(r)), []).append(r)
+            runs.setdefault(run_key(r), []).append(r)
     return {key: judgements(run, key[1], key[4]) for key, run in runs.items()}
 
 
@@ -245,12 +250,12 @@ def plan_label(latest: Mapping[str, dict], name: str, plan: dict) -> str:
 
 
 def _run_labels(planned_rows: list[dict], measured_rows: list[dict]) -> dict[tuple, dict[str, str]]:
-    """Per judged run of the held-out pools (``judged_runs``' key): each neuroshard_LABEL's
+    """Per judged run of the held-out pools (``run_key``): each neuroshard_LABEL's
     ``plan_label`` (its own name where the run's plans cannot be told)."""
     names: dict[tuple, dict[str, None]] = {}
     for r in measured_rows:
         if r["pool_seed"] in HELD_OUT_POOL_SEEDS and r["planner"] not in (COPY, REFERENCE):
-            names.setdefault((r["pool_seed"], r["devices"], r["plans_sha"], r.get("cpu"), JudgeConfig.of(r)), {})[r["planner"]] = None
+            names.setdefault(run_key(r), {})[r["planner"]] = None
     labels = {}
     for key, run in names.items():
         pool_seed, devices, sha = key[:3]

@@ -30,6 +30,7 @@ import numpy as np
 
 from benchmarks.scale import planning_model, scale_task
 from benchmarks.scale_report import MEASURED, PLANNED, judged_task, latest_plans
+from torchrec_neuroshard.lab.judgement import Judged
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 from torchrec_neuroshard.search import kinds, predicted_breakdown, search
@@ -58,10 +59,9 @@ def split_tables(task: Task, plan: Plan) -> list[str]:
     return [f"{p.table} {p.kind.value}" for p in split]
 
 
-def task_lines(pool_seed: int, devices: int, planners: list[str], top: int) -> list[str]:
-    """One task's table rows: each planner's slowest devices, measured against as planned."""
-    judged = judged_task(read_rows(MEASURED), pool_seed, devices)
-    planned = latest_plans(read_rows(PLANNED), pool_seed, devices)
+def task_lines(pool_seed: int, devices: int, judged: dict[str, Judged], planned: dict[str, dict], planners: list[str], top: int) -> list[str]:
+    """One task's table rows: each planner's slowest devices, measured against as planned
+    (``judged``: the task's last judged run; ``planned``: its last plan rows, by planner)."""
     task, lines = scale_task(devices, pool_seed), []
     for name in (n for n in planners if n in judged and n in planned):
         plan, measured = Plan.from_dict(planned[name]["plan"]), judged[name].per_device  # [devices]
@@ -87,10 +87,9 @@ class _Kept(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def model_lines(pool_seed: int, devices: int, planners: list[str], models: list[str]) -> list[str]:
+def model_lines(pool_seed: int, devices: int, planned: dict[str, dict], planners: list[str], models: list[str]) -> list[str]:
     """Per model file: each judged plan's slowest device as it prices it, and its own
     search's choices of row splits and replicas (the debug log of ``search.kinds``)."""
-    planned = latest_plans(read_rows(PLANNED), pool_seed, devices)
     lines, kept = [], _Kept()
     kinds.logger.addHandler(kept)
     kinds.logger.setLevel(logging.DEBUG)
@@ -123,23 +122,22 @@ SLOW = 1.2
 HOLDINGS = ("one shard", "one shard, slow", "several", "several, slow")
 
 
-def holding_lines(tasks: list[tuple[int, int]], models: list[str]) -> list[str]:
+def holding_lines(judged: dict[tuple[int, int], dict[str, Judged]], planned: dict[tuple[int, int], dict[str, dict]], models: list[str]) -> list[str]:
     """Per model file, its predicted / measured compute (median, and how many devices) of
-    every device of every judged plan of ``tasks``, by what the device holds (one column
-    shard or several) and whether it is slow (``SLOW``)."""
-    measured_rows, planned_rows, lines = read_rows(MEASURED), read_rows(PLANNED), []
+    every device of every judged plan (``judged`` and ``planned`` by (pool seed, D)), by
+    what the device holds (one column shard or several) and whether it is slow (``SLOW``)."""
+    lines = []
     for path in models:
         ratios: dict[str, list[float]] = {h: [] for h in HOLDINGS}
-        for pool_seed, devices in tasks:
+        for pool_seed, devices in judged:
             task, model = planning_model(devices, pool_seed, None if path == "cpu" else path)
-            planned = latest_plans(planned_rows, pool_seed, devices)
-            for name, judged in judged_task(measured_rows, pool_seed, devices).items():
-                plan = Plan.from_dict(planned[name]["plan"])
+            for name, measured in judged[pool_seed, devices].items():
+                plan = Plan.from_dict(planned[pool_seed, devices][name]["plan"])
                 _, per_device = predicted_breakdown(model, task, plan)
-                median = np.median(judged.per_device)
+                median = np.median(measured.per_device)
                 for d, shards in enumerate(plan.device_shards(task.tables)):
-                    kind = ("one shard" if len(shards) == 1 else "several") + (", slow" if judged.per_device[d] >= SLOW * median else "")
-                    ratios[kind].append(per_device[d].compute / judged.per_device[d])
+                    kind = ("one shard" if len(shards) == 1 else "several") + (", slow" if measured.per_device[d] >= SLOW * median else "")
+                    ratios[kind].append(per_device[d].compute / measured.per_device[d])
         cells = [f"{np.median(r):.3f} ({len(r)})" if r else "-" for r in ratios.values()]
         lines.append(f"| {path} | " + " | ".join(cells) + " |")
     return lines
@@ -154,9 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", nargs="*", default=[], help="model files (or cpu: the shipped one) to price the plans and search with")
     args = p.parse_args(argv)
     tasks = [(s, d) for d in args.devices for s in args.pool_seeds]
-    rows = [line for s, d in tasks for line in task_lines(s, d, args.planners, args.top)]
-    priced = [line for s, d in tasks for line in model_lines(s, d, args.planners, args.models)]
-    holding = holding_lines(tasks, args.models)
+    measured_rows, planned_rows = read_rows(MEASURED), read_rows(PLANNED)
+    judged = {t: judged_task(measured_rows, *t) for t in tasks}
+    planned = {t: latest_plans(planned_rows, *t) for t in tasks}
+    rows = [line for t in tasks for line in task_lines(*t, judged[t], planned[t], args.planners, args.top)]
+    priced = [line for t in tasks for line in model_lines(*t, planned[t], args.planners, args.models)]
+    holding = holding_lines(judged, planned, args.models)
     text = "\n".join([
         "# The slowest devices of each plan", "",
         f"`python -m studies.slowest_devices {' '.join(sys.argv[1:] if argv is None else argv)}`; "
