@@ -10,9 +10,9 @@ model that searched, not the shipped one re-pricing it) and its column shards (t
 columns of the table's, pooling factor); and the tables the plan splits (column-wise,
 row-wise, table-row-wise), heaviest lookup first. With ``--models``: every plan priced by
 each model file (its slowest device), and each model's own search on the task (``search``)
-with its choice of row splits and replicas as the debug log of ``search.kinds`` gives it
-(each choice's quick greedy placement, "(largest first)" where every run of it died with
-the costliest tables first, "out of memory" where it died with the largest first too).
+with the choices of row splits and replicas its kinds step weighed (the search result's
+``kind_choices``: how many died with the costliest tables first, placed the largest first,
+and how many died so too).
 Last, each model's predicted / measured compute of every judged device, by whether the
 device holds one column shard or several and whether it is slow.
 Writes ``results/slowest_devices.md``.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import logging
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from benchmarks.scale_report import MEASURED, PLANNED, judged_task, latest_plans
 from torchrec_neuroshard.lab.judgement import Judged
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
-from torchrec_neuroshard.search import kinds, predicted_breakdown, search
+from torchrec_neuroshard.search import predicted_breakdown, search
 from torchrec_neuroshard.types import Plan, Task
 
 OUT = Path(__file__).parent / "results" / "slowest_devices.md"
@@ -76,44 +75,26 @@ def task_lines(pool_seed: int, devices: int, judged: dict[str, Judged], planned:
     return lines
 
 
-class _Kept(logging.Handler):
-    """The messages of one logger, kept."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 def model_lines(pool_seed: int, devices: int, planned: dict[str, dict], planners: list[str], models: list[str]) -> list[str]:
     """Per model file: each judged plan's slowest device as it prices it, and its own
-    search's choices of row splits and replicas (the debug log of ``search.kinds``)."""
-    lines, kept = [], _Kept()
-    kinds.logger.addHandler(kept)
-    kinds.logger.setLevel(logging.DEBUG)
-    try:
-        for path in models:
-            task, model = planning_model(devices, pool_seed, None if path == "cpu" else path)
-            priced = []
-            for name in (n for n in planners if n in planned):
-                _, per_device = predicted_breakdown(model, task, Plan.from_dict(planned[name]["plan"]))
-                priced.append(f"{name} {max(d.compute for d in per_device):.1f}")
-            kept.messages.clear()
-            plan = search(task, model).plan
-            _, per_device = predicted_breakdown(model, task, plan)
-            choices = kept.messages[-1].split(": ", 1)[1].split("; ") if kept.messages else []
-            split = [c for c in choices if not c.startswith("rows 0,")]
-            costliest = sum(c.rstrip("*").endswith(("out of memory", "(largest first)")) for c in split)  # died costliest first
-            died = sum("out of memory" in c for c in split)  # died largest first too
-            chosen = f"rows {sum(p.kind.splits_rows for p in plan.placements)}, replicas {len(plan.data_parallel)}"
-            lines.append(
-                f"| {pool_seed} | {devices} | {path} | {'; '.join(priced)} | {max(d.compute for d in per_device):.1f} "
-                f"| {chosen} | {costliest} / {died} of {len(split)} |"
-            )
-    finally:
-        kinds.logger.removeHandler(kept)
+    search's choices of row splits and replicas (``SearchResult.kind_choices``)."""
+    lines = []
+    for path in models:
+        task, model = planning_model(devices, pool_seed, None if path == "cpu" else path)
+        priced = []
+        for name in (n for n in planners if n in planned):
+            _, per_device = predicted_breakdown(model, task, Plan.from_dict(planned[name]["plan"]))
+            priced.append(f"{name} {max(d.compute for d in per_device):.1f}")
+        result = search(task, model)
+        _, per_device = predicted_breakdown(model, task, result.plan)
+        split = [c for c in result.kind_choices if c.rows]
+        costliest = sum(c.largest_first or not np.isfinite(c.greedy_ms) for c in split)  # died costliest first
+        died = sum(not np.isfinite(c.greedy_ms) for c in split)  # died largest first too
+        chosen = f"rows {sum(p.kind.splits_rows for p in result.plan.placements)}, replicas {len(result.plan.data_parallel)}"
+        lines.append(
+            f"| {pool_seed} | {devices} | {path} | {'; '.join(priced)} | {max(d.compute for d in per_device):.1f} "
+            f"| {chosen} | {costliest} / {died} of {len(split)} |"
+        )
     return lines
 
 

@@ -320,3 +320,27 @@ def test_a_kind_choice_whose_costliest_first_greedy_runs_out_of_memory_is_placed
     plan = placed_by(0, int(cost[0].argmin()))
     assert {p.table for p in plan.placements} == {t.name for t in task.tables}
     assert taken_memory(task, plan.placements).max() <= task.memory_cap_bytes
+
+
+def test_the_search_result_records_each_kind_choice_it_weighed_and_logs_it(model, caplog) -> None:
+    """The kinds step's choices come back on the result (``SearchResult.kind_choices``) as
+    the debug log states them: on the same 24-table task the shipped model's choice of no
+    row splits dies costliest first, so it is placed largest first; the plan's own row
+    splits and replicas are among the choices the whole step priced; on one device nothing
+    is weighed."""
+    import logging
+
+    from torchrec_neuroshard.search import kinds
+
+    task = generate_task(synthetic_pool(), 24, 8, WorkloadScale(), seed=7, memory_slack=1.1)
+    with caplog.at_level(logging.DEBUG, logger=kinds.logger.name):
+        result = search(task, model)
+    weighed = result.kind_choices
+    (message,) = [r.getMessage() for r in caplog.records if r.name == kinds.logger.name]
+    assert message == "kinds choices: " + "; ".join(map(str, weighed))
+    assert (weighed[0].rows, weighed[0].replicas, weighed[0].largest_first) == (0, 0, True)
+    assert len({c.rows for c in weighed}) > 1 and not np.isfinite(weighed[-1].greedy_ms)
+    rows = sum(p.kind.splits_rows for p in result.plan.placements)
+    assert (rows, len(result.plan.data_parallel)) in {(c.rows, c.replicas) for c in weighed if c.shortlisted and np.isfinite(c.greedy_ms)}
+    one = generate_task(synthetic_pool(), 4, 1, WorkloadScale(), seed=0)
+    assert search(one, model).kind_choices == ()

@@ -1,15 +1,10 @@
-"""studies.slowest_devices: the slowest devices of a plan and what they hold, and the
-debug log of the search's choice of row splits and replicas it reads."""
-
-import logging
+"""studies.slowest_devices: the slowest devices of a plan and what they hold."""
 
 import numpy as np
 
 from studies.slowest_devices import device_text, slowest, split_tables
-from torchrec_neuroshard.costmodel import pretrained_for
 from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool
-from torchrec_neuroshard.search import kinds, search
 from torchrec_neuroshard.types import Plan, TablePlacement
 
 
@@ -27,13 +22,3 @@ def test_a_devices_text_names_its_tables_and_the_split_ones_heaviest_first() -> 
     split = Plan(tuple(TablePlacement.row_blocks(t, range(2)) if t in (light, heavy) else p
                        for t, p in zip(task.tables, (plan.placement(t.name) for t in task.tables))), 2)
     assert split_tables(task, split) == [f"{heavy.name} row_wise", f"{light.name} row_wise"]
-
-
-def test_the_search_logs_each_choice_of_row_splits_and_replicas_at_debug(caplog) -> None:
-    task = generate_task(synthetic_pool(), 24, 4, WorkloadScale(), seed=0)
-    with caplog.at_level(logging.DEBUG, logger=kinds.logger.name):
-        search(task, pretrained_for("cpu").with_batch_size(task.batch_size))
-    (message,) = [r.getMessage() for r in caplog.records if r.name == kinds.logger.name]
-    choices = message.split(": ", 1)[1].split("; ")
-    assert choices[0].startswith("rows 0, replicas 0: ") and all(c.startswith("rows ") for c in choices)
-    assert all(c.rstrip("*").removesuffix(" (largest first)").endswith((" ms", "out of memory")) for c in choices)

@@ -85,14 +85,37 @@ def past(deadline: float | None) -> bool:
 
 
 @dataclass(frozen=True)
+class KindChoice:
+    """One choice the kinds step (``kinds``) weighed: how many tables it splits by rows and
+    how many it replicates, what its quick greedy placement of the other tables costs (inf:
+    every run of it ran out of memory), whether that placement put the largest tables first
+    (every run with the costliest first ran out of memory), and whether the shortlist kept
+    it for the whole step to price (one out of memory is never priced)."""
+
+    rows: int
+    replicas: int
+    greedy_ms: float
+    largest_first: bool
+    shortlisted: bool
+
+    def __str__(self) -> str:
+        ms = f"{self.greedy_ms:.1f} ms" if math.isfinite(self.greedy_ms) else "out of memory"
+        return f"rows {self.rows}, replicas {self.replicas}: {ms}{' (largest first)' if self.largest_first else ''}{'*' if self.shortlisted else ''}"
+
+
+@dataclass(frozen=True)
 class SearchResult:
-    """The best plan found, its predicted per-device costs (ms) and search statistics."""
+    """The best plan found, its predicted per-device costs (ms) and search statistics,
+    among them the choices of row splits and replicas the kinds step weighed for the
+    task's tables placed together (empty where it weighed none: one device, a model that
+    prices neither, the planning budget spent)."""
 
     plan: Plan
     predicted_cost_ms: float
     devices: tuple[DeviceCost, ...]
     states_evaluated: int
     seconds: float
+    kind_choices: tuple[KindChoice, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from torchrec_neuroshard.search.config import SearchConfig, SearchContext, SearchResult, past
+from torchrec_neuroshard.search.config import KindChoice, SearchConfig, SearchContext, SearchResult, past
 from torchrec_neuroshard.search.joint import joint_plan
 from torchrec_neuroshard.search.modules import improve_modules, plan_by_module
 from torchrec_neuroshard.stepcost import CachedEmbedder, predict_step
@@ -72,22 +72,22 @@ def _search(task: Task, given: tuple[TablePlacement, ...], context: SearchContex
     if unknown:
         raise ValueError(f"fixed placements name tables {unknown} that are not in the task")
     if len(given) == len(task.tables):  # nothing left to place
-        plan, evaluated = Plan(given, task.num_devices), 0
+        plan, evaluated, weighed = Plan(given, task.num_devices), 0, ()
     else:
-        plan, evaluated = _searched_plan(task, given, context)
+        plan, evaluated, weighed = _searched_plan(task, given, context)
     plan.validate(task)
     prediction = predict_step(model, task, plan, embed)
-    return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0)
+    return SearchResult(plan, prediction.cost_ms, prediction.devices, evaluated, time.perf_counter() - t0, weighed)
 
 
-def _searched_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> tuple[Plan, int]:
-    """The best plan of the tables ``given`` leaves, with ``given``; and the states
-    evaluated. A task of several modules is also planned module by module (not past the
+def _searched_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> tuple[Plan, int, tuple[KindChoice, ...]]:
+    """The best plan of the tables ``given`` leaves, with ``given``; the states evaluated;
+    and the kinds step's choices for all its tables placed together. A task of several modules is also planned module by module (not past the
     planning budget, ``SearchConfig.deadline``), and the plan the whole step prices lower is kept."""
     model, config, embed = context.model, context.config, context.embed
-    plan, evaluated = joint_plan(task, given, context)
+    plan, evaluated, weighed = joint_plan(task, given, context)
     if len(task.modules) < 2 or past(config.deadline):
-        return plan, evaluated
+        return plan, evaluated, weighed
     candidates = [plan]
     try:
         by_module, more = plan_by_module(task, given, context)
@@ -98,4 +98,4 @@ def _searched_plan(task: Task, given: tuple[TablePlacement, ...], context: Searc
     plan = candidates[int(np.argmin(costs))]
     if config.local_search:
         plan = improve_modules(task, model, plan, embed, config.max_local_moves, config.deadline)
-    return plan, evaluated
+    return plan, evaluated, weighed

@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 
 from torchrec_neuroshard.heuristics import BASELINES, baseline_plan, memory_shortfall_error
-from torchrec_neuroshard.search.config import SearchConfig, SearchContext, past
+from torchrec_neuroshard.search.config import KindChoice, SearchConfig, SearchContext, past
 from torchrec_neuroshard.search.fixed import fixed_ms, rest_task, with_fixed
 from torchrec_neuroshard.search.greedy import Keys, Widths, greedy_runs, state_keys
 from torchrec_neuroshard.search.kinds import Kinds, choose_kinds
@@ -23,15 +23,15 @@ from torchrec_neuroshard.stepcost import Embedder, predict_step
 from torchrec_neuroshard.types import CostModel, InfeasibleError, Plan, TableChoices, TablePlacement, Task
 
 
-def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> tuple[Plan, int]:
+def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> tuple[Plan, int, tuple[KindChoice, ...]]:
     """The best plan of the tables ``given`` leaves, all placed together (kinds chosen,
-    placed, seeded with the heuristics' plans, improved locally), with ``given``; and the
-    states evaluated."""
+    placed, seeded with the heuristics' plans, improved locally), with ``given``; the
+    states evaluated; and the choices of kinds weighed."""
     model, config, choices, embed = context.model, context.config, context.choices, context.embed
     choice = {t.name: choices.get(t.name, TableChoices()) for t in task.tables}
     if config.deadline is not None:
         _fallback_first(task, given, context, choice)
-    fixed = _kinds(task, given, context, choice)
+    fixed, weighed = _kinds(task, given, context, choice)
     placed_all = len(fixed) == len(task.tables)  # the kinds placed every table (split by rows, replicated)
     searched, evaluated = ([Plan((), task.num_devices)], 0) if placed_all else split_and_place(task, model, config, choice, fixed, embed, context.memo)
     candidates = [(p, fixed) for p in searched]
@@ -49,7 +49,7 @@ def joint_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchCon
         index = {t.name: i for i, t in enumerate(rest.tables)}
         keys.ensure([(index[p.table], w) for p in plan.placements for w in p.widths])
         plan = improve_plan(rest, model, keys, plan, config, fixed_ms(model, task, fixed, embed))
-    return with_fixed(plan, fixed, task), evaluated
+    return with_fixed(plan, fixed, task), evaluated, weighed
 
 
 def _fallback_first(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> None:
@@ -64,17 +64,17 @@ def _fallback_first(task: Task, given: tuple[TablePlacement, ...], context: Sear
         _feasible_baselines(rest_task(task, given), context.memo)
 
 
-def _kinds(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> Kinds:
-    """``choose_kinds``' answer, kept in ``context.memo`` under all it reads but the model:
-    the task, the given placements, the choices and the kind-choice knobs; one the planning
-    budget cut short is not kept."""
+def _kinds(task: Task, given: tuple[TablePlacement, ...], context: SearchContext, choice: dict[str, TableChoices]) -> tuple[Kinds, tuple[KindChoice, ...]]:
+    """``choose_kinds``' answer (the kinds and the choices weighed), kept in
+    ``context.memo`` under all it reads but the model: the task, the given placements, the
+    choices and the kind-choice knobs; one the planning budget cut short is not kept."""
     config = context.config
     key = ("kinds", task, given, tuple(sorted(choice.items())), config.kind_scales, config.data_parallel_grid, config.row_wise_grid, config.kinds_shortlist)
     if key not in context.memo:
-        kinds = choose_kinds(task, context.model, config, choice, context.embed, given)
+        answer = choose_kinds(task, context.model, config, choice, context.embed, given)
         if past(config.deadline):
-            return kinds
-        context.memo[key] = kinds
+            return answer
+        context.memo[key] = answer
     return context.memo[key]
 
 

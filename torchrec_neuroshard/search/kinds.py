@@ -10,7 +10,8 @@ every rank; on several hosts also table-row-wise, over one host's ranks, spread 
 hosts); a grid over how many of each (best scores first) is priced by the whole step
 (``stepcost.predict_step``, on the task's links) of a quick greedy placement (the costliest
 tables first; a choice whose every run runs out of memory so, the largest first), and the
-cheapest set is fixed. Table-column-wise is column-wise kept on one host, with the same
+cheapest set is fixed; every choice weighed comes back with it (``KindChoice``: the
+search's statistics). Table-column-wise is column-wise kept on one host, with the same
 collectives: the search places column splits anywhere and labels them by the table's
 constraints (``planner``).
 """
@@ -23,7 +24,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from torchrec_neuroshard.hosts import spread_over_hosts
-from torchrec_neuroshard.search.config import SearchConfig, past
+from torchrec_neuroshard.search.config import KindChoice, SearchConfig, past
 from torchrec_neuroshard.search.fixed import placed_memory, taken_memory, with_fixed
 from torchrec_neuroshard.search.greedy import Keys, greedy_runs, plan_of
 from torchrec_neuroshard.stepcost import Collectives, Embedder, data_parallel_ms, predict_step
@@ -52,13 +53,14 @@ def choose_kinds(
     choice: Mapping[str, TableChoices],
     embed: Embedder,
     given: Kinds,
-) -> Kinds:
+) -> tuple[Kinds, tuple[KindChoice, ...]]:
     """The ``given`` placements and the tables to replicate or split by rows beside them
-    (see the module docstring); ``given`` alone when the model cannot price either, or on
-    one device, or past the planning budget (``config.deadline``)."""
+    (see the module docstring), with the choices weighed; ``given`` alone (and none weighed)
+    when the model cannot price either, or on one device, or past the planning budget
+    (``config.deadline``)."""
     collectives = Collectives.of(model, task)
     if task.num_devices == 1 or not (collectives.replicates() or collectives.splits_rows()) or past(config.deadline):
-        return given
+        return given, ()
     given_names = {p.table for p in given}
     open_tables = [(i, t) for i, t in enumerate(task.tables) if t.name not in given_names]
     keys = Keys(task, model, embed)
@@ -72,8 +74,8 @@ def choose_kinds(
         left = [t for t in replicable if t.name not in taken][: len(open_tables) - len(rows) - 1]
         for n_dp in sorted({min(k, len(left)) for k in config.data_parallel_grid}):
             grid.append(given + rows + tuple(TablePlacement.data_parallel(t.name) for t in left[:n_dp]))
-    cheapest = _cheapest(task, model, config, keys, embed, grid, given)
-    return cheapest if cheapest is not None else given
+    cheapest, weighed = _cheapest(task, model, config, keys, embed, grid, given)
+    return (cheapest if cheapest is not None else given), weighed
 
 
 def _replication_candidates(
@@ -110,10 +112,11 @@ def _replication_candidates(
 
 def _cheapest(
     task: Task, model: CostModel, config: SearchConfig, keys: Keys, embed: Embedder, grid: Sequence[Kinds], given: Kinds
-) -> Kinds | None:
+) -> tuple[Kinds | None, tuple[KindChoice, ...]]:
     """The kinds of ``grid`` (each the ``given`` placements first) whose quick
     greedy placement of the other tables (whole, in lockstep) the whole step prices
-    lowest; None when no placement fits memory or the planning budget (``config.deadline``)
+    lowest, and the choices that leave tables to the greedy (``_weighed``); None when no
+    placement fits memory or the planning budget (``config.deadline``)
     runs out before the runs end (past it while pricing them: the cheapest priced). Every device starts from the bytes the
     given placements take on it; a choice's own row splits and replicas lower every
     device's cap by what they take on the fullest (a choice leaving no memory: all its
@@ -122,17 +125,17 @@ def _cheapest(
     best = _cheapest_whole([fixed for fixed in grid if {p.table for p in fixed} == every], task, model, embed)
     grid = [fixed for fixed in grid if {p.table for p in fixed} != every]  # some tables left to place
     if not grid:
-        return best[1] if best is not None else None
+        return (best[1] if best is not None else None), ()
     quick = _quick_greedy(task, model, config, keys, grid, given)
     if quick is None:  # the planning budget ran out: no kinds beyond the given
-        return None
+        return None, ()
     per_state, placed_by, memory_first = quick
     shortlist = None  # every choice priced
     if config.kinds_shortlist and len(grid) > config.kinds_shortlist:  # (the estimate prices row splits: not for nothing)
         estimate = per_state.min(1) + _fixed_estimate(task, model, embed, [fixed[len(given) :] for fixed in grid])  # [states]
         shortlist = set(np.argsort(estimate, kind="stable")[: config.kinds_shortlist].tolist())
-    if logger.isEnabledFor(logging.DEBUG):
-        logger.debug("kinds choices: %s", _choices_text([fixed[len(given) :] for fixed in grid], per_state.min(1), shortlist, memory_first))
+    weighed = _weighed([fixed[len(given) :] for fixed in grid], per_state.min(1), shortlist, memory_first)
+    logger.debug("kinds choices: %s", "; ".join(map(str, weighed)))
     for i, fixed in enumerate(grid):
         if best is not None and past(config.deadline):
             break
@@ -142,7 +145,7 @@ def _cheapest(
         cost = predict_step(model, task, with_fixed(placed, fixed, task), embed).cost_ms
         if best is None or cost < best[0] - 1e-9:
             best = (cost, fixed)
-    return best[1] if best is not None else None
+    return (best[1] if best is not None else None), weighed
 
 
 def _quick_greedy(
@@ -178,17 +181,20 @@ def _quick_greedy(
     return cost, placed_by, set(row)
 
 
-def _choices_text(chosen: Sequence[Kinds], greedy_ms: np.ndarray, shortlist: set[int] | None, memory_first: set[int]) -> str:
-    """Each choice as 'rows R, replicas P: its quick greedy's ms' ('out of memory' where every
-    run died; '(largest first)' where placed memory-first; '*' where the shortlist kept it
-    to be priced whole), for the debug log."""
-    out = []
-    for i, fixed in enumerate(chosen):
-        rows, replicas = sum(p.kind.splits_rows for p in fixed), sum(p.kind is ShardingKind.DATA_PARALLEL for p in fixed)
-        ms = f"{greedy_ms[i]:.1f} ms" if np.isfinite(greedy_ms[i]) else "out of memory"
-        ms += " (largest first)" if i in memory_first else ""
-        out.append(f"rows {rows}, replicas {replicas}: {ms}{'*' if shortlist is None or i in shortlist else ''}")
-    return "; ".join(out)
+def _weighed(chosen: Sequence[Kinds], greedy_ms: np.ndarray, shortlist: set[int] | None, memory_first: set[int]) -> tuple[KindChoice, ...]:
+    """Each choice's record: its row splits and replicas, its quick greedy's ms
+    (``greedy_ms``: [choices], inf where every run died), whether it was placed memory-first
+    and whether the shortlist kept it to be priced whole (None: every choice kept)."""
+    return tuple(
+        KindChoice(
+            rows=sum(p.kind.splits_rows for p in fixed),
+            replicas=sum(p.kind is ShardingKind.DATA_PARALLEL for p in fixed),
+            greedy_ms=float(greedy_ms[i]),
+            largest_first=i in memory_first,
+            shortlisted=shortlist is None or i in shortlist,
+        )
+        for i, fixed in enumerate(chosen)
+    )
 
 
 def _fixed_estimate(task: Task, model: CostModel, embed: Embedder, chosen: Sequence[Kinds]) -> np.ndarray:

@@ -62,7 +62,7 @@ def plan_by_module(task: Task, given: tuple[TablePlacement, ...], context: Searc
             if sum(bytes_of[n] for n in later if n not in fixed) > free:
                 raise InfeasibleError(f"the modules before {later[0]}'s leave it too little memory")
         mine = tuple(p for p in given if p.table in names)
-        plan, n = joint_plan(task.subset(names, tuple(int(b) for b in taken)), mine, context)
+        plan, n, _ = joint_plan(task.subset(names, tuple(int(b) for b in taken)), mine, context)
         placements += [p for p in plan.placements if p.table in searched]
         evaluated += n
     return Plan(tuple(placements), task.num_devices), evaluated
