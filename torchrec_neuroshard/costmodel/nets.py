@@ -115,11 +115,38 @@ def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.
 
 
 @dataclass(frozen=True)
+class WidthCorrection:
+    """A kernel's price multiplied by (its lookup-weighted mean width / ``reference``) **
+    ``slope``, the mean width being sum(pooling factor x width) / sum(pooling factor) over
+    its shards: where the net underprices kernels whose lookups read wide rows (fitted on
+    kernels timed in pairs, ``lab.width_correction``). ``meta["width_correction"]``."""
+
+    slope: float
+    reference: float
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.slope) and np.isfinite(self.reference) and self.reference > 0):
+            raise ValueError(f"WidthCorrection(slope={self.slope}, reference={self.reference}): give a finite slope and a positive reference width")
+
+    @staticmethod
+    def from_meta(meta: dict[str, Any]) -> "WidthCorrection | None":
+        stored = meta.get("width_correction")
+        return WidthCorrection(float(stored["slope"]), float(stored["reference"])) if stored is not None else None
+
+    def factor(self, lookups: np.ndarray, pooling: np.ndarray) -> np.ndarray:
+        """[N, 1] each kernel's multiplier from its summed pooling factor x width and pooling
+        factors [N, 1] each (1 where it has no lookups)."""
+        mean_width = np.where(pooling > 0, lookups / np.maximum(pooling, 1e-30), self.reference)
+        return (mean_width / self.reference) ** self.slope
+
+
+@dataclass(frozen=True)
 class KernelNet:
     """A compute net with the normaliser of its features and what it was trained on (the
     largest kernel, the weight bytes, the range of its features, None for a model file
-    written before ranges were recorded, the smallest and largest global batch): the model
-    of one TorchRec kernel kind."""
+    written before ranges were recorded, the smallest and largest global batch), and the
+    correction of its price by the kernel's mean width where one was fitted: the model of
+    one TorchRec kernel kind."""
 
     net: ComputeNet
     norm: Normalizer
@@ -127,6 +154,7 @@ class KernelNet:
     bytes_per_element_trained: tuple[int, ...]
     trained_range: FeatureRange | None
     batch_sizes_trained: tuple[int, int]
+    width_correction: WidthCorrection | None = None
 
     @staticmethod
     def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any], batch_size: int) -> "KernelNet":
@@ -138,6 +166,7 @@ class KernelNet:
         return KernelNet(
             net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4])),
             FeatureRange.from_state(stored) if stored is not None else None, (int(low), int(high)),
+            WidthCorrection.from_meta(meta),
         )  # fmt: skip
 
     def batch_factor(self, batch_size: int) -> float:
@@ -205,14 +234,15 @@ class KernelNet:
 
     @torch.no_grad()
     def embed(self, shards: Sequence[Shard], batch_size: int) -> np.ndarray:
-        """Shard rows at ``batch_size``, float32 [S, hidden + 3] = [the head's first layer (no bias) applied
+        """Shard rows at ``batch_size``, float32 [S, hidden + 3 (+ 2)] = [the head's first layer (no bias) applied
         to the net's embedding of the shard as ``priced`` | the (forward, backward) ms its
         copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
-        the trained range | 1]. The head pools the embeddings by summing and its first
+        the trained range | with a width correction, its pooling factor x width and its
+        pooling factor | 1]. The head pools the embeddings by summing and its first
         layer is linear, so that layer commutes with the pooling: it is applied once per
         shard here, and a device's cost is the rest of the head (``cost``). Pooled over a
-        device, the middle columns sum the devices' extra ms and the last counts its shards
-        in this kernel."""
+        device, the middle columns sum the devices' extra ms (and lookups) and the last
+        counts its shards in this kernel."""
         features, copies = self.priced(shards, batch_size)
         emb = self.net.table(self.norm(features)).numpy()  # [S, embed]
         lifted = emb @ self.head[0][0]  # [S, hidden]
@@ -220,23 +250,30 @@ class KernelNet:
         beyond = copies > 1
         if beyond.any():
             extra[beyond] = np.exp(self._rest_of_head(lifted[beyond])) * (copies[beyond, None] - 1)
-        return np.concatenate([lifted, extra, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
+        parts = [lifted, extra]
+        if self.width_correction is not None:
+            pooling = np.asarray([s.table.pooling_factor for s in shards], dtype=emb.dtype)  # [S]
+            parts.append(np.stack([pooling * np.asarray([s.width for s in shards], dtype=emb.dtype), pooling], axis=1))  # [S, 2]
+        return np.concatenate([*parts, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
 
     def cost(self, pooled: np.ndarray) -> np.ndarray:
-        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, hidden + 3];
-        0 for a kernel of no shards.
+        """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, width];
+        0 for a kernel of no shards; times the width correction's factor where there is one.
 
         A kernel fusing n shards, more than the ``max_tables_per_kernel`` K it was trained
         on, is priced as n / K kernels of K average shards: linear in its work beyond the
         trained range, rather than the net's unbounded extrapolation of a sum it never saw
         (``kernel_size_warning`` says when that happens)."""
-        lifted, extra, count = pooled[:, :-3], pooled[:, -3:-1], pooled[:, -1:]  # [N, hidden], [N, 2], [N, 1]
+        hidden = int(self.net.config["hidden"])
+        lifted, extra, count = pooled[:, :hidden], pooled[:, hidden : hidden + 2], pooled[:, -1:]  # [N, hidden], [N, 2], [N, 1]
         trained = self.max_tables_per_kernel
         if trained and count.max(initial=0.0) > trained:
             stretch = np.maximum(count / trained, 1.0)
             out = np.exp(self._rest_of_head(lifted / stretch)) * stretch + extra
         else:  # every kernel within the trained size (the search's hot path)
             out = np.exp(self._rest_of_head(lifted)) + extra
+        if self.width_correction is not None:
+            out = out * self.width_correction.factor(pooled[:, -3:-2], pooled[:, -2:-1])
         return np.where(count > 0, out, 0.0)
 
     def _rest_of_head(self, lifted: np.ndarray) -> np.ndarray:
@@ -254,4 +291,4 @@ class KernelNet:
     @property
     def width(self) -> int:
         """Columns of an ``embed`` row."""
-        return int(self.net.config["hidden"]) + 3
+        return int(self.net.config["hidden"]) + 3 + (2 if self.width_correction is not None else 0)

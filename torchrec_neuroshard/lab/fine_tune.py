@@ -117,6 +117,7 @@ def _tuned_meta(
     base_range = base.pooled_kernel.trained_range
     meta["feature_range"] = (tuned if base_range is None else base_range.union(tuned)).state()
     meta.pop("test", None)  # the base's test split is another machine's
+    meta.pop("width_correction", None)  # fitted to the base's nets, not these
     meta.pop("hardware_note", None)
     return meta
 
