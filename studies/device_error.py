@@ -27,9 +27,9 @@ import numpy as np
 
 from benchmarks.scale import planning_model
 from benchmarks.scale_report import MEASURED, PLANNED, judged_task, latest_plans
-from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
-from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
-from torchrec_neuroshard.lab.width_correction import mean_width
+from torchrec_neuroshard.costmodel import model_named
+from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.width_correction import mean_width, whole_pairs
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 from torchrec_neuroshard.search import predicted_breakdown
 from torchrec_neuroshard.types import Plan, Shard, ShardingKind
@@ -70,22 +70,10 @@ def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_ro
 def pair_differences(path: str, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Each whole pair's difference (first member less second) of the error (log measured
     / priced by ``path``) [P] and of the holdings [P, 3]."""
-    model = model_file(path)
-    members: dict[int, list[dict]] = {}
-    for r in rows:
-        members.setdefault(r["pair"], []).append(r)
-    errors, held = [], []
-    for pair in (sorted(m, key=lambda r: r["pair_member"]) for m in members.values() if len(m) == 2):
-        shards = [[shard_from_record(s) for s in r["shards"]] for r in pair]
-        error = [np.log((r["fwd_ms"] + r["bwd_ms"]) / model.kernel_ms(s, r["batch_size"])) for r, s in zip(pair, shards)]
-        errors.append(error[0] - error[1])
-        held.append(holdings(shards[0]) - holdings(shards[1]))
+    pairs = whole_pairs(model_named(path), rows)
+    errors = [error[0] - error[1] for _, error in pairs]
+    held = [holdings(shards[0]) - holdings(shards[1]) for shards, _ in pairs]
     return np.array(errors), np.array(held)
-
-
-def model_file(path: str) -> NeuralCostModel:
-    """The model file ``path`` (cpu: the shipped CPU model)."""
-    return load_pretrained("cpu") if path == "cpu" else NeuralCostModel.load(path)
 
 
 def error_line(label: str, path: str, error: np.ndarray, held: np.ndarray) -> str:

@@ -38,18 +38,26 @@ def without_correction(model: NeuralCostModel) -> NeuralCostModel:
     return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
 
 
-def pair_terms(model: NeuralCostModel, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Over the whole pairs of ``rows`` (``collect_devices`` rows): each pair's difference
-    (first member less second) of log(measured / ``model``'s price) [P] and of log mean
-    width [P], and every member's mean width [2P]."""
+def whole_pairs(model: NeuralCostModel, rows: Sequence[dict]) -> list[tuple[list[list[Shard]], list[float]]]:
+    """Each whole pair of ``rows`` (``collect_devices`` rows), members in order: their
+    shards and their log(measured / ``model``'s price)."""
     members: dict[int, list[dict]] = {}
     for r in rows:
         if "pair" in r:
             members.setdefault(r["pair"], []).append(r)
-    errors, widths, every = [], [], []
+    out = []
     for pair in (sorted(m, key=lambda r: r["pair_member"]) for m in members.values() if len(m) == 2):
         shards = [[shard_from_record(s) for s in r["shards"]] for r in pair]
-        error = [np.log((r["fwd_ms"] + r["bwd_ms"]) / model.kernel_ms(s, r["batch_size"])) for r, s in zip(pair, shards)]
+        out.append((shards, [float(np.log((r["fwd_ms"] + r["bwd_ms"]) / model.kernel_ms(s, r["batch_size"]))) for r, s in zip(pair, shards)]))
+    return out
+
+
+def pair_terms(model: NeuralCostModel, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Over the whole pairs of ``rows`` (``whole_pairs``): each pair's difference (first
+    member less second) of log(measured / ``model``'s price) [P] and of log mean width [P],
+    and every member's mean width [2P]."""
+    errors, widths, every = [], [], []
+    for shards, error in whole_pairs(model, rows):
         width = [mean_width(s) for s in shards]
         errors.append(error[0] - error[1])
         widths.append(np.log(width[0]) - np.log(width[1]))

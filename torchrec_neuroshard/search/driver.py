@@ -82,8 +82,9 @@ def _search(task: Task, given: tuple[TablePlacement, ...], context: SearchContex
 
 def _searched_plan(task: Task, given: tuple[TablePlacement, ...], context: SearchContext) -> tuple[Plan, int, tuple[KindChoice, ...]]:
     """The best plan of the tables ``given`` leaves, with ``given``; the states evaluated;
-    and the kinds step's choices for all its tables placed together. A task of several modules is also planned module by module (not past the
-    planning budget, ``SearchConfig.deadline``), and the plan the whole step prices lower is kept."""
+    and the kinds step's choices for all its tables placed together. A task of several
+    modules is also planned module by module (not past the planning budget,
+    ``SearchConfig.deadline``), and the plan the whole step prices lower is kept."""
     model, config, embed = context.model, context.config, context.embed
     plan, evaluated, weighed = joint_plan(task, given, context)
     if len(task.modules) < 2 or past(config.deadline):

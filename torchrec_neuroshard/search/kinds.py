@@ -135,7 +135,8 @@ def _cheapest(
         estimate = per_state.min(1) + _fixed_estimate(task, model, embed, [fixed[len(given) :] for fixed in grid])  # [states]
         shortlist = set(np.argsort(estimate, kind="stable")[: config.kinds_shortlist].tolist())
     weighed = _weighed([fixed[len(given) :] for fixed in grid], per_state.min(1), shortlist, memory_first)
-    logger.debug("kinds choices: %s", "; ".join(map(str, weighed)))
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("kinds choices: %s", "; ".join(map(str, weighed)))
     for i, fixed in enumerate(grid):
         if best is not None and past(config.deadline):
             break
