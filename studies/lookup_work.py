@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +34,7 @@ from benchmarks.scale_report import MEASURED, PLANNED, judged_task, latest_plans
 from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.lab.collect import read_rows
+from torchrec_neuroshard.lab.collect_devices import whole_pairs
 from torchrec_neuroshard.lab.evaluate import lookup_groups
 from torchrec_neuroshard.lab.judgement import rank_correlation
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
@@ -85,13 +85,11 @@ def plan_lines(devices: list[int]) -> list[str]:
 
 
 def pair_lines(path: Path, models: list[Path]) -> list[str]:
-    rows = sorted(read_rows(path), key=lambda r: (r["pair"], r["pair_member"]))
-    whole = {p for p, n in Counter(r["pair"] for r in rows).items() if n == 2}
-    rows = [r for r in rows if r["pair"] in whole]
+    rows = whole_pairs(read_rows(path))
     measured = np.array([r["fwd_ms"] + r["bwd_ms"] for r in rows])  # [kernels], partners side by side
     work = np.array([sum(s["pooling_factor"] * s["width"] for s in r["shards"]) for r in rows])  # [kernels]
     lines = [
-        f"Pairs of device-sized kernels in {path} ({len(whole)} pairs, training pools):",
+        f"Pairs of device-sized kernels in {path} ({len(rows) // 2} pairs, training pools):",
         "",
         "| model | median predicted / measured | pair ratio MAPE | pairs ordered as measured | elasticity of the pair's measured / predicted in its lookup work | variance explained |",
         "|---|---|---|---|---|---|",

@@ -162,6 +162,11 @@ class NeuralCostModel(CostModel):
             return self
         return NeuralCostModel(self.compute_net, self.compute_norm, self.comm, self.meta, self.batch_scale)
 
+    def with_meta(self, meta: dict[str, Any]) -> "NeuralCostModel":
+        """The same nets, comm and batch scale with ``meta`` in place of this model's (a
+        refit's step parts, a fitted width correction, a calibration's record)."""
+        return NeuralCostModel(self.compute_net, self.compute_norm, self.comm, meta, self.batch_scale, self.sequence)
+
     def with_comm(self, comm: CommModel) -> "NeuralCostModel":
         """The same compute model paired with ``comm`` (at this model's batch scale)."""
         return NeuralCostModel(

@@ -195,5 +195,4 @@ def _with_comm_parts(model: NeuralCostModel, comm: Any, dropped: Sequence[str]) 
     """``model`` with ``comm`` for its all-to-all and the step parts ``dropped`` (priced by
     the links ``stepcost.Collectives`` falls back to)."""
     meta = dict(model.meta, step_parts={op: c for op, c in (model.meta.get("step_parts") or {}).items() if op not in dropped})
-    within = NeuralCostModel(model.compute_net, model.compute_norm, None, meta, model.batch_scale, model.sequence)
-    return within.with_comm(comm)
+    return model.with_meta(meta).with_comm(comm)

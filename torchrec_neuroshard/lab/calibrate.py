@@ -221,7 +221,7 @@ def _refit_step_parts(model: NeuralCostModel, run: Calibration) -> tuple[NeuralC
     step_path = run.data_dir / "step.jsonl"
     collect_step(step_path, run.step_samples, run.world_sizes, seed=CALIBRATION_SEED)
     meta, lines = refit_meta(model.meta, read_rows(step_path))
-    model = NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
+    model = model.with_meta(meta)
     model.meta["calibration"]["step_samples"] = run.step_samples
     return model, lines
 

@@ -47,6 +47,16 @@ def _resume(path: Path) -> tuple[object, int]:
     return f, kept // 2
 
 
+def whole_pairs(rows: Sequence[dict]) -> list[dict]:
+    """The rows of every pair in ``rows`` with both members (rows without a pair left out),
+    by pair, partners side by side: member 0, then member 1."""
+    members: dict[int, dict[int, dict]] = {}
+    for r in rows:
+        if "pair" in r:
+            members.setdefault(r["pair"], {})[r["pair_member"]] = r
+    return [pair[m] for _, pair in sorted(members.items()) if len(pair) == 2 for m in (0, 1)]
+
+
 def pair_rows(
     k: int, seed: int, pool_seeds: Sequence[int], scale: WorkloadScale, device: torch.device, warmup: int, repeats: int,
     num_threads: int = 1,

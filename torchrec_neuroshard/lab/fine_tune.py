@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -22,6 +21,7 @@ from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
 from torchrec_neuroshard.costmodel.features import FeatureRange
 from torchrec_neuroshard.costmodel.nets import ComputeNet
 from torchrec_neuroshard.lab.collect import iter_kind, shard_from_record
+from torchrec_neuroshard.lab.collect_devices import whole_pairs
 from torchrec_neuroshard.lab.training import comm_metrics, compute_metrics, mape, train_comm, train_compute
 from torchrec_neuroshard.lab.training_data import ComputeData, load_comm_data, load_compute_data, split_by_group
 from torchrec_neuroshard.types import ShardingError
@@ -127,9 +127,7 @@ def pair_errors(model: NeuralCostModel, rows: Sequence[dict]) -> dict:
     the whole pairs, the MAPE of each pair's predicted ratio (the two were timed in turn,
     so the machine's drift cancels), how often it names the pair's slower member, and the
     median predicted / measured (the level, which drifts)."""
-    rows = sorted(rows, key=lambda r: (r["pair"], r["pair_member"]))
-    members = Counter(r["pair"] for r in rows)
-    whole = [r for r in rows if members[r["pair"]] == 2]
+    whole = whole_pairs(rows)
     if not whole:
         return {"pairs": 0}
     pred = torch.tensor([model.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) for r in whole])  # [2P]

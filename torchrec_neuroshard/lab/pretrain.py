@@ -231,7 +231,7 @@ def add_feature_ranges(model: NeuralCostModel, rows: Sequence[dict]) -> NeuralCo
     if model.sequence_kernel is not None:
         data, (train, _, _) = _kernel_split(rows, False, seed, model.sequence_kernel.net.reads_batch)
         meta["sequence"] = {**meta["sequence"], "feature_range": FeatureRange.fit(data.subset(train).x).state()}
-    return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
+    return model.with_meta(meta)
 
 
 def _metrics(tree: dict, prefix: str = "") -> Iterator[tuple[str, float]]:

@@ -23,6 +23,7 @@ import numpy as np
 from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
 from torchrec_neuroshard.costmodel.nets import WidthCorrection
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect_devices import whole_pairs
 from torchrec_neuroshard.types import Shard, ShardingError
 
 
@@ -35,29 +36,24 @@ def mean_width(shards: Sequence[Shard]) -> float:
 def without_correction(model: NeuralCostModel) -> NeuralCostModel:
     """``model`` pricing by its nets alone (its width correction, if any, dropped)."""
     meta = {k: v for k, v in model.meta.items() if k != "width_correction"}
-    return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
+    return model.with_meta(meta)
 
 
-def whole_pairs(model: NeuralCostModel, rows: Sequence[dict]) -> list[tuple[list[list[Shard]], list[float]]]:
-    """Each whole pair of ``rows`` (``collect_devices`` rows), members in order: their
+def priced_pairs(model: NeuralCostModel, rows: Sequence[dict]) -> list[tuple[list[list[Shard]], list[float]]]:
+    """Each whole pair of ``rows`` (``collect_devices.whole_pairs``), members in order: their
     shards and their log(measured / ``model``'s price)."""
-    members: dict[int, list[dict]] = {}
-    for r in rows:
-        if "pair" in r:
-            members.setdefault(r["pair"], []).append(r)
-    out = []
-    for pair in (sorted(m, key=lambda r: r["pair_member"]) for m in members.values() if len(m) == 2):
-        shards = [[shard_from_record(s) for s in r["shards"]] for r in pair]
-        out.append((shards, [float(np.log((r["fwd_ms"] + r["bwd_ms"]) / model.kernel_ms(s, r["batch_size"]))) for r, s in zip(pair, shards)]))
-    return out
+    whole = whole_pairs(rows)
+    shards = [[shard_from_record(s) for s in r["shards"]] for r in whole]
+    errors = [float(np.log((r["fwd_ms"] + r["bwd_ms"]) / model.kernel_ms(s, r["batch_size"]))) for r, s in zip(whole, shards)]
+    return [(shards[i : i + 2], errors[i : i + 2]) for i in range(0, len(whole), 2)]
 
 
 def pair_terms(model: NeuralCostModel, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Over the whole pairs of ``rows`` (``whole_pairs``): each pair's difference (first
+    """Over the whole pairs of ``rows`` (``priced_pairs``): each pair's difference (first
     member less second) of log(measured / ``model``'s price) [P] and of log mean width [P],
     and every member's mean width [2P]."""
     errors, widths, every = [], [], []
-    for shards, error in whole_pairs(model, rows):
+    for shards, error in priced_pairs(model, rows):
         width = [mean_width(s) for s in shards]
         errors.append(error[0] - error[1])
         widths.append(np.log(width[0]) - np.log(width[1]))
@@ -81,7 +77,7 @@ def fit(model: NeuralCostModel, rows: Sequence[dict]) -> tuple[NeuralCostModel, 
         "pairs": len(errors),
         "pair_error_sd": {"before": float(errors.std()), "after": float((errors - slope * widths).std())},
     }
-    return NeuralCostModel(plain.compute_net, plain.compute_norm, plain.comm, {**plain.meta, "width_correction": record}, plain.batch_scale, plain.sequence), record
+    return plain.with_meta({**plain.meta, "width_correction": record}), record
 
 
 def main(argv: list[str] | None = None) -> None:
