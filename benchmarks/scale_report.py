@@ -81,6 +81,13 @@ def copy_text(rows: list[dict], devices: int) -> str | None:
     return f"{interval_text(check)}: {'holds 1' if resolved else 'LEAVES OUT 1, so the intervals of this run do not hold its own error'}"
 
 
+def cpu_label(row: dict) -> str:
+    """The CPU kind that timed a judge's row as the reports print it ("AMD EPYC" of
+    "cpu AMD EPYC, 1 cores"); rows before 2026-11-29 did not record it."""
+    cpu = row.get("cpu")
+    return cpu.removeprefix("cpu ").split(",")[0] if cpu else "not recorded"
+
+
 def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> list[str]:
     """The section on the judge itself, for each task whose last run timed a copy: the copy
     against its first plan and NeuroShard against the best heuristic, read steadied by the
@@ -102,7 +109,7 @@ def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> 
         first = next(iter(judgements(last, devices, config)))
         copies.append(ratio_text(final[COPY], final.get(first)) if COPY in final else "-")
         ours.append(_ours_text({n: j for n, j in final.items() if n != COPY}) if final else "-")
-        lines.append(f"| {pool_seed} | {devices} | " + " | ".join(copies + ours + agree) + " |")
+        lines.append(f"| {pool_seed} | {devices} | {cpu_label(last[0])} | " + " | ".join(copies + ours + agree) + " |")
     if not lines:
         return []
     return [
@@ -114,9 +121,9 @@ def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> 
         "comparison of two plans' different devices, which the reference's own noise moves. Final: the run's final "
         "round, where it held one (`python -m benchmarks.scale final`: each plan's slowest devices by the steadied "
         "passes, the copy taking its plan's, built together and timed side by side, no reference).", "",
-        "| pool | D | copy / first plan, steadied | plain | final | NeuroShard / best heuristic, steadied | plain | final "
-        "| passes agree, steadied | plain |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| pool | D | judged on | copy / first plan, steadied | plain | final | NeuroShard / best heuristic, steadied "
+        "| plain | final | passes agree, steadied | plain |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *lines,
     ]  # fmt: skip
 
@@ -265,26 +272,28 @@ def _run_labels(planned_rows: list[dict], measured_rows: list[dict]) -> dict[tup
 
 
 def variant_lines(measured_rows: list[dict], planned_rows: list[dict]) -> list[str]:
-    """Per neuroshard_LABEL (another model, a kept plan) and D: its compute over the shipped
+    """Per neuroshard_LABEL (another model, a kept plan), D and CPU kind: its compute over the shipped
     model's plan's in every run that judged both, pooled over runs (``runs_ratio_interval``:
     geometric mean, each run's units resampled), and NeuroShard's over the best heuristic's
     in the same runs. A plan is pooled under the label it has now (``plan_label``): a run
     of a plan since re-planned counts for the label it was kept under."""
-    pairs: dict[tuple[str, int], list[tuple[Judged, Judged, Judged]]] = {}
+    pairs: dict[tuple[str, int, str], list[tuple[Judged, Judged, Judged]]] = {}
+    cpus = {run_key(r): cpu_label(r) for r in measured_rows}
     labels = _run_labels(planned_rows, measured_rows)
     for key, judged in judged_runs(measured_rows).items():
         best = best_heuristic(judged)
         for name in (n for n in judged if n.startswith("neuroshard_") and "neuroshard" in judged and best):
-            pairs.setdefault((labels[key].get(name, name), key[1]), []).append((judged[name], judged["neuroshard"], judged[best]))
+            pairs.setdefault((labels[key].get(name, name), key[1], cpus[key]), []).append((judged[name], judged["neuroshard"], judged[best]))
     if not pairs:
         return []
     lines = ["", "## NeuroShard against its variants (held-out pools, every run that judged both)", "",
-             "| variant | D | runs (pool x run) | variant / neuroshard, pooled | variant / best heuristic | neuroshard / best heuristic |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for (name, devices), judged in sorted(pairs.items()):
+             "| variant | D | judged on | runs (pool x run) | variant / neuroshard, pooled | variant / best heuristic "
+             "| neuroshard / best heuristic |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (name, devices, cpu), judged in sorted(pairs.items()):
         ours = [interval_text(runs_ratio_interval([(a, b) for a, b, _ in judged]))]
         ours += [interval_text(runs_ratio_interval([(a, h) for a, _, h in judged])), interval_text(runs_ratio_interval([(b, h) for _, b, h in judged]))]
-        lines.append(f"| {name} | {devices} | {len(judged)} | " + " | ".join(ours) + " |")
+        lines.append(f"| {name} | {devices} | {cpu} | {len(judged)} | " + " | ".join(ours) + " |")
     return lines
 
 
@@ -309,8 +318,9 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         "# 856 tables on 8 to 128 devices, measured device by device",
         "",
         f"`python -m benchmarks.scale plan && python -m benchmarks.scale measure && python -m benchmarks.scale final && python -m benchmarks.scale report`; "
-        f"{machine}, one thread; report written {datetime.date.today().isoformat()}. Compute: each device of every plan "
-        "timed here as DMP runs it (fused kernels, and the data-parallel tables' dense kernel and update at the device's "
+        f"report written on {machine}, {datetime.date.today().isoformat()}; each task's rows are its last judged run, "
+        "one thread, on the CPU the judge's table names ('judged on'). Compute: each device of every plan "
+        "timed as DMP runs it (fused kernels, and the data-parallel tables' dense kernel and update at the device's "
         "local batch; rows / 64, global batch 4,096) by `lab.judge`; a plan's compute is its slowest device's median over "
         "units (pass x draw x round); ratios of compute with a 90% paired bootstrap interval over units; 'units fastest': "
         "the units in which the plan's slowest device was the least of all timed plans. Predicted: the slowest device as "
@@ -329,7 +339,10 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
             lines += task_lines(*t, planned[t], judged[t])
     lines += judge_lines(measured_rows, tasks)
     lines += variant_lines(measured_rows, planned_rows)
-    lines += ["", "## The cost model against the measured devices (held-out pools)", ""] + model_lines(planned, judged)
+    lines += ["", "## The cost model against the measured devices (held-out pools)"]
+    cpus = {t: cpu_label(last[0]) for t in tasks if (last := last_judged(measured_rows, *t))}
+    for cpu in sorted(set(cpus.values())):  # a model's level is the CPU's: one table a CPU kind
+        lines += ["", f"Judged on {cpu}:", ""] + model_lines(planned, {t: j for t, j in judged.items() if cpus.get(t) == cpu})
     text = "\n".join(lines) + "\n"
     RESULT.write_text(text)
     return text

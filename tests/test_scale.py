@@ -101,12 +101,13 @@ def test_the_judges_section_reads_each_run_steadied_and_plain_and_skips_runs_wit
     rows += [row("_reference", p, d, 0.5 if d == 1 else 1.0) for p in (0, 1) for d in (0, 1)]
     (line,) = [x for x in judge_lines(rows, [(2, 2)]) if x.startswith("| 2 | 2 |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[2:5] == ["1.000 (1.000-1.000)", "1.000 (1.000-1.000)", "-"]  # the copy, steadied, plain, no final round
-    assert cells[5].startswith("0.556 ") and cells[6].startswith("1.111 ") and cells[6].endswith(" lookup") and cells[7] == "-"
+    assert cells[2] == "not recorded"  # rows before 2026-11-29 did not name the CPU
+    assert cells[3:6] == ["1.000 (1.000-1.000)", "1.000 (1.000-1.000)", "-"]  # the copy, steadied, plain, no final round
+    assert cells[6].startswith("0.556 ") and cells[7].startswith("1.111 ") and cells[7].endswith(" lookup") and cells[8] == "-"
     final = [{**r, "stage": "final", "pass": -1, "fused_ms": [2.0 if r["planner"] == "lookup" else 1.0]} for r in rows if r["device"] == 0 and r["pass"] == 0 and r["planner"] != "_reference"]
     (line,) = [x for x in judge_lines(rows + final, [(2, 2)]) if x.startswith("| 2 | 2 |")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[4] == "1.000 (1.000-1.000)" and cells[7] == "0.500 (0.500-0.500) lookup"  # side by side, no reference
+    assert cells[5] == "1.000 (1.000-1.000)" and cells[8] == "0.500 (0.500-0.500) lookup"  # side by side, no reference
     assert judge_lines([r for r in rows if r["planner"] != "_copy"], [(2, 2)]) == []
 
 
@@ -123,8 +124,22 @@ def test_a_variant_is_pooled_over_every_run_that_judged_it_beside_the_shipped_mo
     rows = [row("s", first, name, ms) for first, by in times.items() for name, ms in by.items()]
     rows += [row("t", 0, "neuroshard", 1.0), row("t", 0, "lookup", 4.0)]
     (line,) = [x for x in variant_lines(rows, []) if x.startswith("| neuroshard_b |")]
-    assert [c.strip() for c in line.strip("|").split("|")][1:] == ["1", "2", "1.000 (1.000-1.000)", "0.500 (0.500-0.500)", "0.500 (0.500-0.500)"]  # one unit a run: no spread within runs
+    assert [c.strip() for c in line.strip("|").split("|")][1:] == ["1", "not recorded", "2", "1.000 (1.000-1.000)", "0.500 (0.500-0.500)", "0.500 (0.500-0.500)"]  # one unit a run: no spread within runs
     assert variant_lines([r for r in rows if r["planner"] != "neuroshard_b"], []) == []
+
+
+def test_runs_on_two_cpu_kinds_are_pooled_apart() -> None:
+    """The same plans judged on two CPU kinds: one row a kind, each its own run's ratio."""
+    config = {"passes": 1, "draws": 1, "rounds": 1, "repeats": 1}
+
+    def row(cpu: str, planner: str, ms: float) -> dict:
+        return {"pool_seed": 2, "devices": 1, "plans_sha": "s", "cpu": cpu, **config, "pass": 0, "draw": 0,
+                "device": 0, "planner": planner, "fused_ms": [ms], "replicas_ms": [0.0]}  # fmt: skip
+
+    times = {"cpu AMD EPYC, 1 cores": 0.5, "cpu Intel(R) Xeon(R) Processor, 1 cores": 2.0}
+    rows = [row(cpu, name, ms) for cpu, b in times.items() for name, ms in {"neuroshard": 1.0, "neuroshard_b": b, "lookup": 2.0}.items()]
+    cells = [[c.strip() for c in x.strip("|").split("|")] for x in variant_lines(rows, []) if x.startswith("| neuroshard_b |")]
+    assert [c[2:5] for c in cells] == [["AMD EPYC", "1", "0.500 (0.500-0.500)"], ["Intel(R) Xeon(R) Processor", "1", "2.000 (2.000-2.000)"]]
 
 
 def test_a_run_of_a_plan_since_re_planned_is_pooled_under_the_label_it_was_kept_as() -> None:
@@ -148,10 +163,10 @@ def test_a_run_of_a_plan_since_re_planned_is_pooled_under_the_label_it_was_kept_
     measured = rows(first, {"neuroshard": 1.0, "neuroshard_b": 0.5, "lookup": 2.0})
     measured += rows(second, {"neuroshard": 1.0, "neuroshard_b": 2.0, "neuroshard_b_old": 0.5, "lookup": 2.0})
     lines = variant_lines(measured, planned(first) + planned(second))
-    by_label = {x.split("|")[1].strip(): [c.strip() for c in x.strip("|").split("|")][2:4] for x in lines if x.startswith("| neuroshard_")}
+    by_label = {x.split("|")[1].strip(): [c.strip() for c in x.strip("|").split("|")][3:5] for x in lines if x.startswith("| neuroshard_")}
     assert by_label == {"neuroshard_b": ["1", "2.000 (2.000-2.000)"], "neuroshard_b_old": ["2", "0.500 (0.500-0.500)"]}
     lines = variant_lines(measured, planned(first) + planned({**second, "neuroshard_b_old": {"p": "b3"}}))
-    assert any(x.startswith("| neuroshard_b (an earlier plan) | 1 | 1 | 0.500 ") for x in lines)
+    assert any(x.startswith("| neuroshard_b (an earlier plan) | 1 | not recorded | 1 | 0.500 ") for x in lines)
 
 
 @pytest.mark.slow
