@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.scale import planning_model
-from benchmarks.scale_report import MEASURED, PLANNED, judged_task, latest_plans
+from benchmarks.scale_report import MEASURED, PLANNED, cpu_label, judged_task, last_judged, latest_plans
 from torchrec_neuroshard.costmodel import model_named
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.width_correction import mean_width, priced_pairs
@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     lines = []
     for path in args.models:
         for devices in args.devices:
-            lines.append(error_line(f"held out, D = {devices}", path, *held_out_devices(path, devices, args.pool_seeds, measured_rows, planned_rows)))
+            cpus = sorted({cpu_label(last[0]) for pool_seed in args.pool_seeds if (last := last_judged(measured_rows, pool_seed, devices))})
+            label = f"held out, D = {devices}, judged on {' and '.join(cpus)}"
+            lines.append(error_line(label, path, *held_out_devices(path, devices, args.pool_seeds, measured_rows, planned_rows)))
         lines.append(error_line("device pairs, pool seeds 10 on", path, *pair_differences(path, pair_rows)))
     text = "\n".join([
         "# Where the cost model misprices a device against another", "",
