@@ -81,10 +81,9 @@ def copy_text(rows: list[dict], devices: int) -> str | None:
     return f"{interval_text(check)}: {'holds 1' if resolved else 'LEAVES OUT 1, so the intervals of this run do not hold its own error'}"
 
 
-def cpu_label(row: dict) -> str:
-    """The CPU kind that timed a judge's row as the reports print it ("AMD EPYC" of
-    "cpu AMD EPYC, 1 cores"); rows before 2026-11-29 did not record it."""
-    cpu = row.get("cpu")
+def cpu_label(cpu: str | None) -> str:
+    """A judge's row's ``cpu`` as the reports print the CPU kind ("AMD EPYC" of "cpu AMD
+    EPYC, 1 cores"); rows before 2026-11-29 did not record it (None)."""
     return cpu.removeprefix("cpu ").split(",")[0] if cpu else "not recorded"
 
 
@@ -109,7 +108,7 @@ def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> 
         first = next(iter(judgements(last, devices, config)))
         copies.append(ratio_text(final[COPY], final.get(first)) if COPY in final else "-")
         ours.append(_ours_text({n: j for n, j in final.items() if n != COPY}) if final else "-")
-        lines.append(f"| {pool_seed} | {devices} | {cpu_label(last[0])} | " + " | ".join(copies + ours + agree) + " |")
+        lines.append(f"| {pool_seed} | {devices} | {cpu_label(last[0].get('cpu'))} | " + " | ".join(copies + ours + agree) + " |")
     if not lines:
         return []
     return [
@@ -278,12 +277,11 @@ def variant_lines(measured_rows: list[dict], planned_rows: list[dict]) -> list[s
     in the same runs. A plan is pooled under the label it has now (``plan_label``): a run
     of a plan since re-planned counts for the label it was kept under."""
     pairs: dict[tuple[str, int, str], list[tuple[Judged, Judged, Judged]]] = {}
-    cpus = {run_key(r): cpu_label(r) for r in measured_rows}
     labels = _run_labels(planned_rows, measured_rows)
     for key, judged in judged_runs(measured_rows).items():
         best = best_heuristic(judged)
         for name in (n for n in judged if n.startswith("neuroshard_") and "neuroshard" in judged and best):
-            pairs.setdefault((labels[key].get(name, name), key[1], cpus[key]), []).append((judged[name], judged["neuroshard"], judged[best]))
+            pairs.setdefault((labels[key].get(name, name), key[1], cpu_label(key[3])), []).append((judged[name], judged["neuroshard"], judged[best]))
     if not pairs:
         return []
     lines = ["", "## NeuroShard against its variants (held-out pools, every run that judged both)", "",
@@ -340,7 +338,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
     lines += judge_lines(measured_rows, tasks)
     lines += variant_lines(measured_rows, planned_rows)
     lines += ["", "## The cost model against the measured devices (held-out pools)"]
-    cpus = {t: cpu_label(last[0]) for t in tasks if (last := last_judged(measured_rows, *t))}
+    cpus = {t: cpu_label(last[0].get("cpu")) for t in tasks if (last := last_judged(measured_rows, *t))}
     for cpu in sorted(set(cpus.values())):  # a model's level is the CPU's: one table a CPU kind
         lines += ["", f"Judged on {cpu}:", ""] + model_lines(planned, {t: j for t, j in judged.items() if cpus.get(t) == cpu})
     text = "\n".join(lines) + "\n"

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = []
     for path in args.models:
         for devices in args.devices:
-            cpus = sorted({cpu_label(last[0]) for pool_seed in args.pool_seeds if (last := last_judged(measured_rows, pool_seed, devices))})
+            cpus = sorted({cpu_label(last[0].get("cpu")) for pool_seed in args.pool_seeds if (last := last_judged(measured_rows, pool_seed, devices))})
             label = f"held out, D = {devices}, judged on {' and '.join(cpus)}"
             lines.append(error_line(label, path, *held_out_devices(path, devices, args.pool_seeds, measured_rows, planned_rows)))
         lines.append(error_line("device pairs, pool seeds 10 on", path, *pair_differences(path, pair_rows)))
