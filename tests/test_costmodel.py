@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_neuroshard.costmodel import NeuralCostModel, feature_range_warning, load_pretrained
+from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel, feature_range_warning, load_pretrained, model_file
 from torchrec_neuroshard.costmodel.features import POOLING_FEATURE, WIDTH_FEATURE, device_features
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
 from torchrec_neuroshard.lab.pretrain import add_feature_ranges, pretrain
@@ -106,6 +106,15 @@ def test_save_load_round_trip_and_bad_files(model, tmp_path) -> None:
         NeuralCostModel.load(old)
     with pytest.raises(ShardingError, match="no pretrained cost model 'tpu'"):
         load_pretrained("tpu")
+
+
+def test_a_model_is_named_by_its_file_or_a_shipped_name(tmp_path) -> None:
+    """A shipped name resolves to its file (a benchmark hashes the file it planned with), a
+    path is itself, and a name neither shipped nor a file is refused with what is shipped."""
+    assert model_file("intel_xeon") == PRETRAINED_DIR / "intel_xeon.pt"
+    assert model_file(tmp_path / "mine.pt") == tmp_path / "mine.pt"
+    with pytest.raises(ShardingError, match="no pretrained cost model 'xeon'; shipped: .*'intel_xeon'.*path of a .pt file"):
+        model_file("xeon")
 
 
 def _synthetic_rows(n: int) -> list[dict]:

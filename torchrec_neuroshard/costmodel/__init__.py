@@ -15,12 +15,13 @@ from torchrec_neuroshard.costmodel.shipped import (
     feature_range_warning,
     kernel_size_warning,
     load_pretrained,
+    model_file,
     model_named,
     pretrained_for,
 )
 
 __all__ = [
     "DEFAULT_PRETRAINED", "MAX_WORLD_SIZE_EXTRAPOLATION", "PRETRAINED_DIR", "NeuralComm", "NeuralCostModel",
-    "check_world_size", "cost_model_for", "feature_range_warning", "kernel_size_warning", "load_pretrained", "model_named",
+    "check_world_size", "cost_model_for", "feature_range_warning", "kernel_size_warning", "load_pretrained", "model_file", "model_named",
     "pretrained_for",
 ]  # fmt: skip

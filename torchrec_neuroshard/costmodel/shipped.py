@@ -27,20 +27,30 @@ DEFAULT_PRETRAINED = {"cpu": "cpu", "cuda": "h200"}
 """The shipped model a device kind falls back to when none was measured on this machine."""
 
 
-def load_pretrained(name: str = "cpu") -> NeuralCostModel:
-    """A model shipped in ``torchrec_neuroshard/pretrained/<name>.pt``."""
+def shipped_file(name: str) -> Path:
+    """The file of the shipped model ``name``: ``torchrec_neuroshard/pretrained/<name>.pt``."""
     path = PRETRAINED_DIR / f"{name}.pt"
     if not path.exists():
         have = sorted(p.stem for p in PRETRAINED_DIR.glob("*.pt"))
-        raise ShardingError(f"no pretrained cost model {name!r}; shipped: {have}")
-    return NeuralCostModel.load(path)
+        raise ShardingError(f"no pretrained cost model {name!r}; shipped: {have}, or pass the path of a .pt file")
+    return path
+
+
+def load_pretrained(name: str = "cpu") -> NeuralCostModel:
+    """A model shipped in ``torchrec_neuroshard/pretrained/<name>.pt``."""
+    return NeuralCostModel.load(shipped_file(name))
+
+
+def model_file(name: str | Path) -> Path:
+    """The file of the model ``name``: ``name`` itself where it is a path ending in .pt or any
+    file that exists, else the shipped model of that name."""
+    path = Path(name)
+    return path if path.suffix == ".pt" or path.exists() else shipped_file(str(name))
 
 
 def model_named(name: str | Path) -> NeuralCostModel:
-    """The model in the file ``name`` (a path ending in .pt, or any file that exists), else the
-    shipped model of that name."""
-    path = Path(name)
-    return NeuralCostModel.load(path) if path.suffix == ".pt" or path.exists() else load_pretrained(str(name))
+    """The model in the file ``name`` (``model_file``)."""
+    return NeuralCostModel.load(model_file(name))
 
 
 @lru_cache(maxsize=None)
