@@ -20,6 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from torchrec_neuroshard.costmodel.shipped import shipped_hardware
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
@@ -322,7 +323,10 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         "local batch; rows / 64, global batch 4,096) by `lab.judge`; a plan's compute is its slowest device's median over "
         "units (pass x draw x round); ratios of compute with a 90% paired bootstrap interval over units; 'units fastest': "
         "the units in which the plan's slowest device was the least of all timed plans. Predicted: the slowest device as "
-        "the shipped model prices it now (a neuroshard_LABEL row planned by another model file: as that model priced it). Planning s with the machine's 1-min load average before -> after."
+        "the shipped model prices it now (a neuroshard_LABEL row planned by another model file: as that model priced it). Planning s with the machine's 1-min load average before -> after. "
+        f"NeuroShard's rows are the plans of the shipped `cpu.pt`, measured on {shipped_hardware()['cpu'].describe()}: a planner on "
+        "another CPU kind loads that kind's shipped model where there is one (`costmodel.pretrained_for`): a row "
+        "neuroshard_LABEL planned with it is what a user there gets."
         + (" Where a run timed the judge's reference, each time is divided by the reference's in its round (`JudgeConfig.reference`)." if any(r.get("reference") for r in measured_rows) else ""),
     ]
     for pool_seed in dict.fromkeys(p for p, _ in tasks):
