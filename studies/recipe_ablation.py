@@ -1,0 +1,193 @@
+"""Which of the shipped CPU model's training files costs it the ranking of held-out devices.
+
+    python -m studies.recipe_ablation
+
+``pretrained/cpu.pt`` learns from the 10,000 kernels at the benchmark's batch (4,096) and
+from batch-varied, fp16 and sequence kernels; a model of the first file alone ranks the
+devices of the scale benchmark's held-out plans better (``studies.device_error``). Here the
+recipe is taken apart: each variant is pre-trained as ``make model`` trains ``cpu.pt`` (the
+same seed, the comm file beside; its step parts are left out: they price no kernel) on a
+subset of the compute files, into ``runs/recipe_ablation/`` (resumes), plus
+
+- "levels": all files, each batch-varied file with its own learned log level (forward,
+  backward) in training, so the net learns the batch's shape without the collections'
+  level (the files were measured in other sessions: the machine's drift);
+- the batch-4,096 recipe at seed 1 (how much the seed alone moves the figures);
+- "with a batch correction": the batch-4,096 model's net, linear in the batch as it prices
+  other batches, times exp(g(kernel, batch) - g(kernel, 4,096)), g a second compute net that
+  reads the batch, fitted on 80% of the batch-varied kernels (by group) with the first net
+  frozen: at 4,096 it prices as the first alone (so its held-out row is that model's).
+
+Per variant: the within-plan error of every held-out judged device (``device_error``: log
+measured / priced, less its plan's mean; its sd) at each D, and its error on the
+batch-varied kernels by batch (median priced / measured and the sd of the log; the variants
+that train on those files see 80% of them). Writes ``results/recipe_ablation.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+
+import torchrec_neuroshard.lab.training as training
+from benchmarks.scale_report import MEASURED, PLANNED
+from studies.device_error import held_out_devices
+from torchrec_neuroshard.costmodel import model_named
+from torchrec_neuroshard.costmodel.features import Normalizer
+from torchrec_neuroshard.costmodel.nets import ComputeNet
+from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
+from torchrec_neuroshard.lab.pretrain import pretrain
+from torchrec_neuroshard.lab.training_data import ComputeData, load_compute_data, split_by_group
+from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
+
+OUT = Path(__file__).parent / "results" / "recipe_ablation.md"
+DATA = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
+BATCH_FILES = ("cpu_compute_batch", "cpu_compute_batch_high")
+RECIPES = {
+    "cpu.pt's (all)": ("cpu_compute", *BATCH_FILES, "cpu_compute_fp16", "cpu_compute_sequence"),
+    "no fp16, sequence": ("cpu_compute", *BATCH_FILES),
+    "no batch-varied": ("cpu_compute", "cpu_compute_fp16", "cpu_compute_sequence"),
+    "batch 4,096 alone": ("cpu_compute",),
+    "batch 4,096 alone, seed 1": ("cpu_compute",),
+    "all, batch-varied files' levels learned": ("cpu_compute", *BATCH_FILES, "cpu_compute_fp16", "cpu_compute_sequence"),
+}
+CORRECTED = "batch 4,096 alone"
+"""The variant the batch correction is fitted on."""
+BATCH_BINS = (256, 2048, 8192, 65537)
+SESSION = 1_000_000
+"""A compute row's group is offset by its file's index x this where files get levels."""
+
+
+@contextlib.contextmanager
+def file_levels(free: set[int], files: int) -> Iterator[None]:
+    """Within: each compute net trains with a learned log level [files, 2] added to the
+    price of each sample of a file in ``free`` (its group // ``SESSION``); it is dropped
+    after training, so the saved net prices at the other files' level."""
+    predict, fit = training._compute_predict, training._fit
+
+    def levelled(net, norm, data):  # noqa: ANN001, ANN202 (training's own signature)
+        out = predict(net, norm, data)  # [N, 2] log ms
+        levels = getattr(net, "file_levels", None)
+        if levels is None:
+            return out
+        files = data.group // SESSION  # [N]
+        mask = torch.as_tensor(np.isin(files, sorted(free)))[:, None]  # [N, 1]
+        return out + torch.where(mask, levels[torch.as_tensor(files)], torch.zeros(()))
+
+    def fit_levelled(net, *args, **kwargs):  # noqa: ANN001, ANN202
+        if not isinstance(net, ComputeNet):
+            return fit(net, *args, **kwargs)
+        net.register_parameter("file_levels", torch.nn.Parameter(torch.zeros(files, 2)))
+        log = fit(net, *args, **kwargs)
+        del net._parameters["file_levels"]
+        return log
+
+    training._compute_predict, training._fit = levelled, fit_levelled
+    try:
+        yield
+    finally:
+        training._compute_predict, training._fit = predict, fit
+
+
+def build(name: str, files: tuple[str, ...], out_dir: Path) -> Path:
+    """The variant's model file, pre-trained unless it is there."""
+    path = out_dir / f"{list(RECIPES).index(name)}.pt"
+    if path.exists():
+        return path
+    levels = "levels" in name
+    rows = []
+    for k, stem in enumerate((*files, "cpu_comm")):
+        for r in read_rows(DATA / f"{stem}.jsonl.gz"):
+            offset = SESSION * k if levels and r.get("kind") == "compute" else 0
+            rows.append({**r, "group": r["group"] + offset})
+    free = {files.index(f) for f in BATCH_FILES} if levels else set()
+    with file_levels(free, len(files)) if levels else contextlib.nullcontext():
+        model = pretrain(rows, seed=1 if "seed 1" in name else 0, hardware={"device_name": "AMD EPYC", "cores": 2})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    return path
+
+
+def batch_errors(path: str, rows: list[dict]) -> np.ndarray:
+    """[N] log priced / measured of each batch-varied kernel, fwd + bwd."""
+    model = model_named(path)
+    return np.log([model.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) / (r["fwd_ms"] + r["bwd_ms"]) for r in rows])
+
+
+def corrected_errors(path: str, rows: list[dict], seed: int = 0) -> np.ndarray:
+    """``batch_errors`` of the model file ``path`` (a net that does not read the batch) times the
+    batch correction fitted here on ``rows``' training split (the module's docstring)."""
+    model = model_named(path)
+    data = load_compute_data(rows, reads_batch=True)
+    reference = torch.full((data.x.shape[0], 1), float(np.log(model.batch_size)))
+    with torch.no_grad():
+        base = model.compute_net(model.compute_norm(data.x[:, :-1]), data.sample, len(data))  # [N, 2] log ms at the reference batch
+    linear = torch.as_tensor(np.log(data.batch_size / model.batch_size), dtype=torch.float32)[:, None]  # [N, 1]
+    # the correction's target: measured / the first net's price (log), per sample; its reference features
+    ratio = ComputeData(torch.cat([data.x, reference], 1), data.sample, data.y / (base + linear).exp(), data.group, data.batch_size, True, data.pair)
+    net = ComputeNet(data.x.shape[1], reads_batch=True)
+    norm = Normalizer.fit(data.x)
+
+    def correction(d: ComputeData) -> torch.Tensor:  # [N, 2] log g(batch) / g(reference)
+        return net(norm(d.x[:, :-1]), d.sample, len(d)) - net(norm(torch.cat([d.x[:, :-2], d.x[:, -1:]], 1)), d.sample, len(d))
+
+    train, val, _ = split_by_group(data.group, seed)
+    training._fit(
+        net, lambda d: ((correction(d) - d.y.log()) ** 2).mean(), ratio.subset(train), ratio.subset(val),
+        200, seed, 64, 1e-3, 20, False, "batch correction",
+    )  # fmt: skip
+    with torch.no_grad():
+        priced = (base + linear + correction(ratio)).exp().sum(1)  # [N]
+    return np.log((priced / data.y.sum(1)).numpy())
+
+
+def bins_text(error: np.ndarray, rows: list[dict]) -> list[str]:
+    """Per batch bin: median priced / measured and the sd of the log error [N]."""
+    batch = np.array([r["batch_size"] for r in rows])
+    cells = []
+    for low, high in zip(BATCH_BINS, BATCH_BINS[1:]):
+        mine = error[(batch >= low) & (batch < high)]
+        cells.append(f"{np.exp(np.median(mine)):.2f}, {mine.std():.3f}")
+    return cells
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32, 128])
+    p.add_argument("--out-dir", type=Path, default=Path("runs/recipe_ablation"))
+    args = p.parse_args(argv)
+    measured_rows, planned_rows = read_rows(MEASURED), read_rows(PLANNED)
+    varied = [r for f in BATCH_FILES for r in read_rows(DATA / f"{f}.jsonl.gz")]
+    pools = list(HELD_OUT_POOL_SEEDS[:3])
+    lines = []
+    for name, files in RECIPES.items():
+        path = str(build(name, files, args.out_dir))
+        sds = [held_out_devices(path, d, pools, measured_rows, planned_rows)[0].std() for d in args.devices]
+        lines.append(f"| {name} | {', '.join(files)} | " + " | ".join(f"{sd:.3f}" for sd in sds) + " | " + " | ".join(bins_text(batch_errors(path, varied), varied)) + " |")
+        if name == CORRECTED:
+            errors = corrected_errors(path, varied)
+            lines.append(f"| {name}, with a batch correction | {', '.join((*files, *BATCH_FILES))} | " + " | ".join(f"{sd:.3f}" for sd in sds) + " | " + " | ".join(bins_text(errors, varied)) + " |")
+    bins = [f"batch {low:,}-{high - 1:,}" for low, high in zip(BATCH_BINS, BATCH_BINS[1:])]
+    text = "\n".join([
+        "# Which training file costs the CPU model its ranking of devices", "",
+        f"`python -m studies.recipe_ablation`; written {datetime.date.today()} from the committed rows of `benchmarks.scale` "
+        f"(held-out pools {', '.join(map(str, pools))}, each task's last judged run, the devices of plans without row splits or "
+        "replicas). Each variant: `pretrain` (seed 0 unless named) on the compute files listed and `cpu_comm`. Held-out: the sd "
+        "of log(measured / priced) less its plan's mean. Batch-varied: the 3,300 kernels of "
+        f"{' and '.join(BATCH_FILES)}, median priced / measured and sd of the log.", "",
+        "| variant | compute files | " + " | ".join(f"held-out sd, D = {d}" for d in args.devices) + " | " + " | ".join(bins) + " |",
+        "|---|---|" + "---|" * (len(args.devices) + len(bins)),
+        *lines,
+    ])  # fmt: skip
+    OUT.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
