@@ -21,7 +21,9 @@ subset of the compute files, into ``runs/recipe_ablation/`` (resumes), plus
 Per variant: the within-plan error of every held-out judged device (``device_error``: log
 measured / priced, less its plan's mean; its sd) at each D, and its error on the
 batch-varied kernels by batch (median priced / measured and the sd of the log; the variants
-that train on those files see 80% of them). Writes ``results/recipe_ablation.md``.
+that train on those files see 80% of them), and the error's spread within the device-sized
+kernel pairs of ``DEVICE_FILES`` (pools and batches no variant trained on). Writes
+``results/recipe_ablation.md``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -36,12 +39,13 @@ import numpy as np
 import torch
 
 import torchrec_neuroshard.lab.training as training
-from benchmarks.scale_report import MEASURED, PLANNED
+from benchmarks.scale_report import MEASURED, PLANNED, cpu_label, last_judged
 from studies.device_error import held_out_devices
-from torchrec_neuroshard.costmodel import model_named
+from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
 from torchrec_neuroshard.costmodel.features import Normalizer
 from torchrec_neuroshard.costmodel.nets import ComputeNet
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect_devices import whole_pairs
 from torchrec_neuroshard.lab.pretrain import pretrain
 from torchrec_neuroshard.lab.training_data import ComputeData, load_compute_data, split_by_group
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
@@ -57,6 +61,8 @@ RECIPES = {
     "batch 4,096 alone, seed 1": ("cpu_compute",),
     "all, batch-varied files' levels learned": ("cpu_compute", *BATCH_FILES, "cpu_compute_fp16", "cpu_compute_sequence"),
 }
+DEVICE_FILES = ("cpu_compute_devices", "cpu_compute_devices_seed1")
+"""Device-sized kernels (16-128 tables of pools 10-19, batch 1,032-16,336) timed in pairs: no variant trains on them."""
 CORRECTED = "batch 4,096 alone"
 """The variant the batch correction is fitted on."""
 BATCH_BINS = (256, 2048, 8192, 65537)
@@ -114,37 +120,51 @@ def build(name: str, files: tuple[str, ...], out_dir: Path) -> Path:
     return path
 
 
-def batch_errors(path: str, rows: list[dict]) -> np.ndarray:
-    """[N] log priced / measured of each batch-varied kernel, fwd + bwd."""
-    model = model_named(path)
-    return np.log([model.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) / (r["fwd_ms"] + r["bwd_ms"]) for r in rows])
+def base_prices(model: NeuralCostModel, rows: list[dict]) -> torch.Tensor:
+    """(forward, backward) ms [N, 2] of each row's kernel as ``model`` prices a device at the
+    row's batch (stretched beyond its trained kernel size and batches: ``device_cost``)."""
+    prices = []
+    for r in rows:
+        at = model.with_batch_size(r["batch_size"])
+        prices.append(at.device_cost(at.embed_shards([shard_from_record(s) for s in r["shards"]]).sum(0, keepdims=True))[0])
+    return torch.as_tensor(np.array(prices), dtype=torch.float32)
 
 
-def corrected_errors(path: str, rows: list[dict], seed: int = 0) -> np.ndarray:
-    """``batch_errors`` of the model file ``path`` (a net that does not read the batch) times the
-    batch correction fitted here on ``rows``' training split (the module's docstring)."""
-    model = model_named(path)
+def log_correction(net: ComputeNet, norm: Normalizer, data: ComputeData, reference_batch: int) -> torch.Tensor:
+    """[N, 2] g(kernel, its batch) - g(kernel, ``reference_batch``): the correction's log factor."""
+    at_reference = data.x.clone()
+    at_reference[:, -1] = float(np.log(reference_batch))
+    return net(norm(data.x), data.sample, len(data)) - net(norm(at_reference), data.sample, len(data))
+
+
+def fit_correction(model: NeuralCostModel, rows: list[dict], seed: int = 0) -> tuple[ComputeNet, Normalizer]:
+    """The batch correction of ``model`` (the module's docstring), fitted on 80% of ``rows`` by group."""
     data = load_compute_data(rows, reads_batch=True)
-    reference = torch.full((data.x.shape[0], 1), float(np.log(model.batch_size)))
-    with torch.no_grad():
-        base = model.compute_net(model.compute_norm(data.x[:, :-1]), data.sample, len(data))  # [N, 2] log ms at the reference batch
-    linear = torch.as_tensor(np.log(data.batch_size / model.batch_size), dtype=torch.float32)[:, None]  # [N, 1]
-    # the correction's target: measured / the first net's price (log), per sample; its reference features
-    ratio = ComputeData(torch.cat([data.x, reference], 1), data.sample, data.y / (base + linear).exp(), data.group, data.batch_size, True, data.pair)
-    net = ComputeNet(data.x.shape[1], reads_batch=True)
+    ratio = replace(data, y=data.y / base_prices(model, rows))  # [N, 2] measured / priced
+    net = ComputeNet(data.x.shape[1], reads_batch=True, stretch_beyond=max(len(r["shards"]) for r in rows))
     norm = Normalizer.fit(data.x)
-
-    def correction(d: ComputeData) -> torch.Tensor:  # [N, 2] log g(batch) / g(reference)
-        return net(norm(d.x[:, :-1]), d.sample, len(d)) - net(norm(torch.cat([d.x[:, :-2], d.x[:, -1:]], 1)), d.sample, len(d))
-
     train, val, _ = split_by_group(data.group, seed)
     training._fit(
-        net, lambda d: ((correction(d) - d.y.log()) ** 2).mean(), ratio.subset(train), ratio.subset(val),
-        200, seed, 64, 1e-3, 20, False, "batch correction",
+        net, lambda d: ((log_correction(net, norm, d, model.batch_size) - d.y.log()) ** 2).mean(),
+        ratio.subset(train), ratio.subset(val), 200, seed, 64, 1e-3, 20, False, "batch correction",
     )  # fmt: skip
-    with torch.no_grad():
-        priced = (base + linear + correction(ratio)).exp().sum(1)  # [N]
-    return np.log((priced / data.y.sum(1)).numpy())
+    return net, norm
+
+
+def log_errors(model: NeuralCostModel, rows: list[dict], correction: tuple[ComputeNet, Normalizer] | None = None) -> np.ndarray:
+    """[N] log priced / measured of each row's kernel, fwd + bwd, times ``correction``'s factor where given."""
+    priced = base_prices(model, rows)  # [N, 2]
+    if correction is not None:
+        with torch.no_grad():
+            priced = priced * log_correction(*correction, load_compute_data(rows, reads_batch=True), model.batch_size).exp()
+    return np.log(priced.sum(1).numpy() / np.array([r["fwd_ms"] + r["bwd_ms"] for r in rows]))
+
+
+def pair_differences(error: np.ndarray, rows: list[dict]) -> np.ndarray:
+    """[P] the difference of the log error [N] within each whole pair of ``rows`` (kernels timed back to back)."""
+    index = {id(r): i for i, r in enumerate(rows)}
+    mine = error[[index[id(r)] for r in whole_pairs(rows)]].reshape(-1, 2)  # [P, 2]
+    return mine[:, 0] - mine[:, 1]
 
 
 def bins_text(error: np.ndarray, rows: list[dict]) -> list[str]:
@@ -164,15 +184,22 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     measured_rows, planned_rows = read_rows(MEASURED), read_rows(PLANNED)
     varied = [r for f in BATCH_FILES for r in read_rows(DATA / f"{f}.jsonl.gz")]
+    devices = [read_rows(DATA / f"{f}.jsonl.gz") for f in DEVICE_FILES]
     pools = list(HELD_OUT_POOL_SEEDS[:3])
     lines = []
     for name, files in RECIPES.items():
         path = str(build(name, files, args.out_dir))
+        model = model_named(path)
         sds = [held_out_devices(path, d, pools, measured_rows, planned_rows)[0].std() for d in args.devices]
-        lines.append(f"| {name} | {', '.join(files)} | " + " | ".join(f"{sd:.3f}" for sd in sds) + " | " + " | ".join(bins_text(batch_errors(path, varied), varied)) + " |")
-        if name == CORRECTED:
-            errors = corrected_errors(path, varied)
-            lines.append(f"| {name}, with a batch correction | {', '.join((*files, *BATCH_FILES))} | " + " | ".join(f"{sd:.3f}" for sd in sds) + " | " + " | ".join(bins_text(errors, varied)) + " |")
+        corrections = [None] + ([fit_correction(model, varied)] if name == CORRECTED else [])
+        for correction in corrections:
+            pairs = np.concatenate([pair_differences(log_errors(model, rows, correction), rows) for rows in devices])
+            label, trained = (name, files) if correction is None else (f"{name}, with a batch correction", (*files, *BATCH_FILES))
+            lines.append(
+                f"| {label} | {', '.join(trained)} | " + " | ".join(f"{sd:.3f}" for sd in sds)
+                + " | " + " | ".join(bins_text(log_errors(model, varied, correction), varied)) + f" | {pairs.std():.3f} |"
+            )  # fmt: skip
+    judged_on = {d: sorted({cpu_label(last[0].get("cpu")) for p in pools if (last := last_judged(measured_rows, p, d))}) for d in args.devices}
     bins = [f"batch {low:,}-{high - 1:,}" for low, high in zip(BATCH_BINS, BATCH_BINS[1:])]
     text = "\n".join([
         "# Which training file costs the CPU model its ranking of devices", "",
@@ -180,9 +207,13 @@ def main(argv: list[str] | None = None) -> None:
         f"(held-out pools {', '.join(map(str, pools))}, each task's last judged run, the devices of plans without row splits or "
         "replicas). Each variant: `pretrain` (seed 0 unless named) on the compute files listed and `cpu_comm`. Held-out: the sd "
         "of log(measured / priced) less its plan's mean. Batch-varied: the 3,300 kernels of "
-        f"{' and '.join(BATCH_FILES)}, median priced / measured and sd of the log.", "",
-        "| variant | compute files | " + " | ".join(f"held-out sd, D = {d}" for d in args.devices) + " | " + " | ".join(bins) + " |",
-        "|---|---|" + "---|" * (len(args.devices) + len(bins)),
+        f"{' and '.join(BATCH_FILES)}, median priced / measured and sd of the log. Device pairs: the "
+        f"{sum(len(whole_pairs(rows)) // 2 for rows in devices)} whole pairs of {' and '.join(DEVICE_FILES)} (16-128 tables of "
+        "pools 10-19 a kernel, batch 1,032-16,336, timed back to back; no variant trains on them), the sd of the difference of "
+        "the log error within a pair. The held-out devices were judged on "
+        + "; ".join(f"D = {d}: {' and '.join(cpus)}" for d, cpus in judged_on.items()) + ".", "",
+        "| variant | compute files | " + " | ".join(f"held-out sd, D = {d}" for d in args.devices) + " | " + " | ".join(bins) + " | device pairs, sd |",
+        "|---|---|" + "---|" * (len(args.devices) + len(bins) + 1),
         *lines,
     ])  # fmt: skip
     OUT.write_text(text + "\n")
