@@ -13,10 +13,13 @@ subset of the compute files, into ``runs/recipe_ablation/`` (resumes), plus
   backward) in training, so the net learns the batch's shape without the collections'
   level (the files were measured in other sessions: the machine's drift);
 - the batch-4,096 recipe at seed 1 (how much the seed alone moves the figures);
-- "with a batch correction": the batch-4,096 model's net, linear in the batch as it prices
-  other batches, times exp(g(kernel, batch) - g(kernel, 4,096)), g a second compute net that
-  reads the batch, fitted on 80% of the batch-varied kernels (by group) with the first net
-  frozen: at 4,096 it prices as the first alone (so its held-out row is that model's).
+- "with a batch correction": the batch-4,096 model's price, linear in the batch as it prices
+  other batches, times a factor fitted on 80% of the batch-varied kernels (by group) with
+  its net frozen, 1 at 4,096 (so its held-out row is that model's): ``KernelCorrection``, a
+  second compute net g reading the batch, exp(g(kernel, batch) - g(kernel, 4,096)); or
+  ``ShardShift``, each shard's embedding in the first net moved by delta(shard, batch) -
+  delta(shard, 4,096), which keeps the search's pricing of a device a sum of shard rows
+  (``KernelNet.embed``) at one batch.
 
 Per variant: the within-plan error of every held-out judged device (``device_error``: log
 measured / priced, less its plan's mean; its sd) at each D, and its error on the
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import datetime
 from dataclasses import replace
 from pathlib import Path
@@ -37,13 +41,14 @@ from typing import Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
 import torchrec_neuroshard.lab.training as training
 from benchmarks.scale_report import MEASURED, PLANNED, cpu_label, last_judged
 from studies.device_error import held_out_devices
 from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
 from torchrec_neuroshard.costmodel.features import Normalizer
-from torchrec_neuroshard.costmodel.nets import ComputeNet
+from torchrec_neuroshard.costmodel.nets import ComputeNet, mlp
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
 from torchrec_neuroshard.lab.collect_devices import whole_pairs
 from torchrec_neuroshard.lab.pretrain import pretrain
@@ -130,33 +135,73 @@ def base_prices(model: NeuralCostModel, rows: list[dict]) -> torch.Tensor:
     return torch.as_tensor(np.array(prices), dtype=torch.float32)
 
 
-def log_correction(net: ComputeNet, norm: Normalizer, data: ComputeData, reference_batch: int) -> torch.Tensor:
-    """[N, 2] g(kernel, its batch) - g(kernel, ``reference_batch``): the correction's log factor."""
-    at_reference = data.x.clone()
-    at_reference[:, -1] = float(np.log(reference_batch))
-    return net(norm(data.x), data.sample, len(data)) - net(norm(at_reference), data.sample, len(data))
+def _at_reference(x: torch.Tensor, reference_batch: int) -> torch.Tensor:
+    """Shard features [S, F] (the log batch last) with the batch set to ``reference_batch``."""
+    out = x.clone()
+    out[:, -1] = float(np.log(reference_batch))
+    return out
 
 
-def fit_correction(model: NeuralCostModel, rows: list[dict], seed: int = 0) -> tuple[ComputeNet, Normalizer]:
-    """The batch correction of ``model`` (the module's docstring), fitted on 80% of ``rows`` by group."""
+class KernelCorrection(nn.Module):
+    """The log factor [N, 2] g(kernel, its batch) - g(kernel, the reference batch), g a compute net reading the batch."""
+
+    def __init__(self, data: ComputeData, model: NeuralCostModel) -> None:
+        super().__init__()
+        self.net = ComputeNet(data.x.shape[1], reads_batch=True, stretch_beyond=model.pooled_kernel.max_tables_per_kernel)
+        self.norm, self.reference = Normalizer.fit(data.x), model.batch_size
+
+    def forward(self, data: ComputeData) -> torch.Tensor:
+        at_reference = _at_reference(data.x, self.reference)
+        return self.net(self.norm(data.x), data.sample, len(data)) - self.net(self.norm(at_reference), data.sample, len(data))
+
+
+class ShardShift(nn.Module):
+    """The log factor [N, 2] of moving each shard's embedding in the frozen first net by
+    delta(shard, its batch) - delta(shard, the reference batch): that net's head read with
+    the moved sum less without (stretched beyond its trained kernel size as it prices)."""
+
+    def __init__(self, data: ComputeData, model: NeuralCostModel) -> None:
+        super().__init__()
+        self.base = copy.deepcopy(model.compute_net).requires_grad_(False)
+        self.base_norm, self.stretch_beyond = model.compute_norm, model.pooled_kernel.max_tables_per_kernel
+        self.delta = mlp([data.x.shape[1], 128, 128, int(self.base.config["embed"])])
+        self.norm, self.reference = Normalizer.fit(data.x), model.batch_size
+
+    def forward(self, data: ComputeData) -> torch.Tensor:
+        embedded = self.base.table(self.base_norm(data.x[:, :-1]))  # [S, embed]
+        moved = embedded + self.delta(self.norm(data.x)) - self.delta(self.norm(_at_reference(data.x, self.reference)))  # [S, embed]
+        count = torch.bincount(data.sample, minlength=len(data)).to(embedded.dtype)  # [N]
+        stretch = (count / self.stretch_beyond).clamp_min(1.0)[:, None]  # [N, 1]
+
+        def head(rows: torch.Tensor) -> torch.Tensor:  # [N, 2]
+            return self.base.head(torch.zeros(len(data), rows.shape[1]).index_add_(0, data.sample, rows) / stretch)
+
+        return head(moved) - head(embedded)
+
+
+CORRECTIONS = {"with a kernel's batch correction": KernelCorrection, "with a shard's batch shift": ShardShift}
+"""The batch corrections fitted on the batch-4,096 model, by their rows' label."""
+
+
+def fit_correction(kind: type[nn.Module], model: NeuralCostModel, rows: list[dict], seed: int = 0) -> nn.Module:
+    """A batch correction of ``kind`` on ``model`` (the module's docstring), fitted on 80% of ``rows`` by group."""
     data = load_compute_data(rows, reads_batch=True)
     ratio = replace(data, y=data.y / base_prices(model, rows))  # [N, 2] measured / priced
-    net = ComputeNet(data.x.shape[1], reads_batch=True, stretch_beyond=max(len(r["shards"]) for r in rows))
-    norm = Normalizer.fit(data.x)
+    correction = kind(data, model)
     train, val, _ = split_by_group(data.group, seed)
     training._fit(
-        net, lambda d: ((log_correction(net, norm, d, model.batch_size) - d.y.log()) ** 2).mean(),
-        ratio.subset(train), ratio.subset(val), 200, seed, 64, 1e-3, 20, False, "batch correction",
+        correction, lambda d: ((correction(d) - d.y.log()) ** 2).mean(), ratio.subset(train), ratio.subset(val),
+        200, seed, 64, 1e-3, 20, False, "batch correction",
     )  # fmt: skip
-    return net, norm
+    return correction
 
 
-def log_errors(model: NeuralCostModel, rows: list[dict], correction: tuple[ComputeNet, Normalizer] | None = None) -> np.ndarray:
+def log_errors(model: NeuralCostModel, rows: list[dict], correction: nn.Module | None = None) -> np.ndarray:
     """[N] log priced / measured of each row's kernel, fwd + bwd, times ``correction``'s factor where given."""
     priced = base_prices(model, rows)  # [N, 2]
     if correction is not None:
         with torch.no_grad():
-            priced = priced * log_correction(*correction, load_compute_data(rows, reads_batch=True), model.batch_size).exp()
+            priced = priced * correction(load_compute_data(rows, reads_batch=True)).exp()
     return np.log(priced.sum(1).numpy() / np.array([r["fwd_ms"] + r["bwd_ms"] for r in rows]))
 
 
@@ -191,10 +236,10 @@ def main(argv: list[str] | None = None) -> None:
         path = str(build(name, files, args.out_dir))
         model = model_named(path)
         sds = [held_out_devices(path, d, pools, measured_rows, planned_rows)[0].std() for d in args.devices]
-        corrections = [None] + ([fit_correction(model, varied)] if name == CORRECTED else [])
-        for correction in corrections:
+        corrections = {"": None} | ({label: fit_correction(kind, model, varied) for label, kind in CORRECTIONS.items()} if name == CORRECTED else {})
+        for label, correction in corrections.items():
             pairs = np.concatenate([pair_differences(log_errors(model, rows, correction), rows) for rows in devices])
-            label, trained = (name, files) if correction is None else (f"{name}, with a batch correction", (*files, *BATCH_FILES))
+            label, trained = (name, files) if correction is None else (f"{name}, {label}", (*files, *BATCH_FILES))
             lines.append(
                 f"| {label} | {', '.join(trained)} | " + " | ".join(f"{sd:.3f}" for sd in sds)
                 + " | " + " | ".join(bins_text(log_errors(model, varied, correction), varied)) + f" | {pairs.std():.3f} |"
