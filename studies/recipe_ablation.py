@@ -58,8 +58,9 @@ from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 OUT = Path(__file__).parent / "results" / "recipe_ablation.md"
 DATA = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 BATCH_FILES = ("cpu_compute_batch", "cpu_compute_batch_high")
+SHIPPED, ALL = "the shipped cpu.pt", "cpu.pt's (all)"
 RECIPES = {
-    "cpu.pt's (all)": ("cpu_compute", *BATCH_FILES, "cpu_compute_fp16", "cpu_compute_sequence"),
+    ALL: ("cpu_compute", *BATCH_FILES, "cpu_compute_fp16", "cpu_compute_sequence"),
     "no fp16, sequence": ("cpu_compute", *BATCH_FILES),
     "no batch-varied": ("cpu_compute", "cpu_compute_fp16", "cpu_compute_sequence"),
     "batch 4,096 alone": ("cpu_compute",),
@@ -232,8 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     devices = [read_rows(DATA / f"{f}.jsonl.gz") for f in DEVICE_FILES]
     pools = list(HELD_OUT_POOL_SEEDS[:3])
     lines = []
-    for name, files in RECIPES.items():
-        path = str(build(name, files, args.out_dir))
+    for name, files in {SHIPPED: RECIPES[ALL], **RECIPES}.items():
+        path = "cpu" if name == SHIPPED else str(build(name, files, args.out_dir))
         model = model_named(path)
         sds = [held_out_devices(path, d, pools, measured_rows, planned_rows)[0].std() for d in args.devices]
         corrections = {"": None} | ({label: fit_correction(kind, model, varied) for label, kind in CORRECTIONS.items()} if name == CORRECTED else {})
