@@ -188,6 +188,7 @@ def fit_correction(kind: type[nn.Module], model: NeuralCostModel, rows: list[dic
     """A batch correction of ``kind`` on ``model`` (the module's docstring), fitted on 80% of ``rows`` by group."""
     data = load_compute_data(rows, reads_batch=True)
     ratio = replace(data, y=data.y / base_prices(model, rows))  # [N, 2] measured / priced
+    torch.manual_seed(seed)  # the correction's initial weights
     correction = kind(data, model)
     train, val, _ = split_by_group(data.group, seed)
     training._fit(
