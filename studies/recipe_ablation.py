@@ -184,10 +184,11 @@ CORRECTIONS = {"with a kernel's batch correction": KernelCorrection, "with a sha
 """The batch corrections fitted on the batch-4,096 model, by their rows' label."""
 
 
-def fit_correction(kind: type[nn.Module], model: NeuralCostModel, rows: list[dict], seed: int = 0) -> nn.Module:
-    """A batch correction of ``kind`` on ``model`` (the module's docstring), fitted on 80% of ``rows`` by group."""
+def fit_correction(kind: type[nn.Module], model: NeuralCostModel, rows: list[dict], prices: torch.Tensor, seed: int = 0) -> nn.Module:
+    """A batch correction of ``kind`` on ``model`` (the module's docstring), fitted on 80% of
+    ``rows`` by group; ``prices``: the model's ``base_prices`` of them [N, 2]."""
     data = load_compute_data(rows, reads_batch=True)
-    ratio = replace(data, y=data.y / base_prices(model, rows))  # [N, 2] measured / priced
+    ratio = replace(data, y=data.y / prices)  # [N, 2] measured / priced
     torch.manual_seed(seed)  # the correction's initial weights
     correction = kind(data, model)
     train, val, _ = split_by_group(data.group, seed)
@@ -198,13 +199,13 @@ def fit_correction(kind: type[nn.Module], model: NeuralCostModel, rows: list[dic
     return correction
 
 
-def log_errors(model: NeuralCostModel, rows: list[dict], correction: nn.Module | None = None) -> np.ndarray:
-    """[N] log priced / measured of each row's kernel, fwd + bwd, times ``correction``'s factor where given."""
-    priced = base_prices(model, rows)  # [N, 2]
+def log_errors(prices: torch.Tensor, rows: list[dict], correction: nn.Module | None = None) -> np.ndarray:
+    """[N] log priced / measured of each row's kernel, fwd + bwd: its ``base_prices`` [N, 2], times
+    ``correction``'s factor where given."""
     if correction is not None:
         with torch.no_grad():
-            priced = priced * correction(load_compute_data(rows, reads_batch=True)).exp()
-    return np.log(priced.sum(1).numpy() / np.array([r["fwd_ms"] + r["bwd_ms"] for r in rows]))
+            prices = prices * correction(load_compute_data(rows, reads_batch=True)).exp()
+    return np.log(prices.sum(1).numpy() / np.array([r["fwd_ms"] + r["bwd_ms"] for r in rows]))
 
 
 def pair_differences(error: np.ndarray, rows: list[dict]) -> np.ndarray:
@@ -238,13 +239,14 @@ def main(argv: list[str] | None = None) -> None:
         path = "cpu" if name == SHIPPED else str(build(name, files, args.out_dir))
         model = model_named(path)
         sds = [held_out_devices(path, d, pools, measured_rows, planned_rows)[0].std() for d in args.devices]
-        corrections = {"": None} | ({label: fit_correction(kind, model, varied) for label, kind in CORRECTIONS.items()} if name == CORRECTED else {})
+        varied_prices, device_prices = base_prices(model, varied), [base_prices(model, rows) for rows in devices]
+        corrections = {"": None} | ({label: fit_correction(kind, model, varied, varied_prices) for label, kind in CORRECTIONS.items()} if name == CORRECTED else {})
         for label, correction in corrections.items():
-            pairs = np.concatenate([pair_differences(log_errors(model, rows, correction), rows) for rows in devices])
+            pairs = np.concatenate([pair_differences(log_errors(prices, rows, correction), rows) for prices, rows in zip(device_prices, devices)])
             label, trained = (name, files) if correction is None else (f"{name}, {label}", (*files, *BATCH_FILES))
             lines.append(
                 f"| {label} | {', '.join(trained)} | " + " | ".join(f"{sd:.3f}" for sd in sds)
-                + " | " + " | ".join(bins_text(log_errors(model, varied, correction), varied)) + f" | {pairs.std():.3f} |"
+                + " | " + " | ".join(bins_text(log_errors(varied_prices, varied, correction), varied)) + f" | {pairs.std():.3f} |"
             )  # fmt: skip
     judged_on = {d: sorted({cpu_label(last[0].get("cpu")) for p in pools if (last := last_judged(measured_rows, p, d))}) for d in args.devices}
     bins = [f"batch {low:,}-{high - 1:,}" for low, high in zip(BATCH_BINS, BATCH_BINS[1:])]
