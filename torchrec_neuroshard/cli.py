@@ -64,6 +64,7 @@ def _pretrain(args: argparse.Namespace) -> None:
     model = pretrain_files(
         args.data, epochs=args.epochs, seed=args.seed, exclude_world_sizes=args.exclude_world_size,
         hardware={k: v for k, v in named.items() if v is not None}, stretch_beyond=args.stretch_beyond,
+        batch_shift_paths=args.batch_shift_data,
     )  # fmt: skip
     model.save(args.out)
     print(json.dumps(model.meta["test"], indent=2))
@@ -224,6 +225,11 @@ def _add_pretrain(sub: argparse._SubParsersAction) -> None:
         "--stretch-beyond", type=int, metavar="K",
         help="train kernels of more than K tables as the planner prices them: n / K kernels of K average tables "
         "(default: the net reads any number, and the planner stretches beyond the largest trained)",
+    )  # fmt: skip
+    t.add_argument(
+        "--batch-shift-data", nargs="+", default=[], metavar="FILE",
+        help="pooled compute kernels at other batches than --data's one: a batch shift learns how each shard's "
+        "cost moves with the batch, the net trained on --data frozen (costmodel.batchshift)",
     )  # fmt: skip
     t.set_defaults(func=_pretrain)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
+from torchrec_neuroshard.costmodel.batchshift import ShiftNet
 from torchrec_neuroshard.costmodel.features import DEVICE_FEATURES, SHARD_FEATURES, Normalizer
 from torchrec_neuroshard.costmodel.nets import CommNet, ComputeNet
 from torchrec_neuroshard.hardware import Hardware
@@ -21,14 +23,16 @@ from torchrec_neuroshard.types import ShardingError
 
 FEATURE_VERSION = 1
 MODEL_FORMAT = "torchrec-neuroshard/costmodel"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 """1: compute and comm nets always present. 2: the comm net is optional (a model measured on
 one GPU has none) and ``meta["hardware"]`` records the core count of a CPU. 3: an optional
 second compute net for the unpooled (sequence, EmbeddingCollection) kernel. 4: a compute
 net may read the batch (``reads_batch`` in its config, ``BATCH_FEATURE`` after the shard
 features, ``batch_sizes_trained`` in its meta); older files read as nets that do not. 5: an
 optional ``meta["width_correction"]`` (``nets.WidthCorrection``) that multiplies the pooled
-kernel's price; a reader before it would price without it. The meta also
+kernel's price; a reader before it would price without it. 6: an optional batch shift of
+the pooled kernel (``costmodel.batchshift``: ``batch_shift_state``, ``batch_shift_norm``,
+``meta["batch_shift"]``); a reader before it would price other batches without it. The meta also
 records each compute net's ``feature_range``, added without a new version: older readers
 ignore it, and files without it load with a warning."""
 
@@ -43,13 +47,14 @@ def corrupt(path: Path, error: Exception) -> ShardingError:
 
 @dataclass(frozen=True)
 class ModelFile:
-    """What a model file holds: each net with its normaliser (``comm`` and ``sequence``
-    None where the file has none) and the model's ``meta``."""
+    """What a model file holds: each net with its normaliser (``comm``, ``sequence`` and
+    ``batch_shift`` None where the file has none) and the model's ``meta``."""
 
     compute: tuple[ComputeNet, Normalizer]
     comm: tuple[CommNet, Normalizer] | None
     sequence: tuple[ComputeNet, Normalizer] | None
     meta: dict[str, Any]
+    batch_shift: tuple[ShiftNet, Normalizer] | None = None
 
     def write(self, path: str | Path) -> None:
         blob = {
@@ -62,7 +67,7 @@ class ModelFile:
             "compute_norm": self.compute[1].state(),
             "meta": self.meta,
         }
-        for key, part in (("sequence", self.sequence), ("comm", self.comm)):
+        for key, part in (("sequence", self.sequence), ("comm", self.comm), ("batch_shift", self.batch_shift)):
             if part is not None:
                 blob[f"{key}_state"] = part[0].state_dict()
                 blob[f"{key}_norm"] = part[1].state()
@@ -78,20 +83,23 @@ class ModelFile:
             meta = blob["meta"]
             compute = ComputeNet(**meta["compute_config"])
             compute.load_state_dict(blob["compute_state"])
-            comm = None
-            if "comm_state" in blob:
-                net = CommNet(**meta["comm_config"])
-                net.load_state_dict(blob["comm_state"])
-                comm = (net, Normalizer.from_state(blob["comm_norm"]))
-            sequence = None
-            if "sequence_state" in blob:
-                seq_net = ComputeNet(**meta["sequence"]["compute_config"])
-                seq_net.load_state_dict(blob["sequence_state"])
-                sequence = (seq_net, Normalizer.from_state(blob["sequence_norm"]))
+            comm = _part(blob, "comm", lambda: CommNet(**meta["comm_config"]))
+            sequence = _part(blob, "sequence", lambda: ComputeNet(**meta["sequence"]["compute_config"]))
+            shift = _part(blob, "batch_shift", lambda: ShiftNet(**meta["batch_shift"]["config"]))
             Hardware.from_record(meta["hardware"])  # a file without a valid hardware record is corrupt
-            return ModelFile((compute, Normalizer.from_state(blob["compute_norm"])), comm, sequence, meta)
+            return ModelFile((compute, Normalizer.from_state(blob["compute_norm"])), comm, sequence, meta, shift)
         except CORRUPT_ERRORS as e:
             raise corrupt(path, e) from e
+
+
+def _part(blob: dict, key: str, build: Callable[[], nn.Module]) -> tuple[Any, Normalizer] | None:
+    """The (net, normaliser) of the file's optional part ``key``, its net made by ``build``
+    and loaded with the stored weights; None where the file has no such part."""
+    if f"{key}_state" not in blob:
+        return None
+    net = build()
+    net.load_state_dict(blob[f"{key}_state"])
+    return net, Normalizer.from_state(blob[f"{key}_norm"])
 
 
 def _read_blob(path: Path) -> dict:

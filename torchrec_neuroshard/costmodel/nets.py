@@ -13,9 +13,10 @@ latest device (max skew - own skew).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from torchrec_neuroshard.costmodel.features import (
     shard_features,
 )
 from torchrec_neuroshard.types import Shard
+
+if TYPE_CHECKING:  # the shift's module builds its net with ``mlp``
+    from torchrec_neuroshard.costmodel.batchshift import BatchShift
 
 
 def mlp(sizes: Sequence[int]) -> nn.Sequential:
@@ -145,8 +149,9 @@ class KernelNet:
     """A compute net with the normaliser of its features and what it was trained on (the
     largest kernel, the weight bytes, the range of its features, None for a model file
     written before ranges were recorded, the smallest and largest global batch), and the
-    correction of its price by the kernel's mean width where one was fitted: the model of
-    one TorchRec kernel kind."""
+    correction of its price by the kernel's mean width where one was fitted, and the shift
+    of its shards' embeddings with the batch where one was learned (``batchshift``): the
+    model of one TorchRec kernel kind."""
 
     net: ComputeNet
     norm: Normalizer
@@ -155,24 +160,34 @@ class KernelNet:
     trained_range: FeatureRange | None
     batch_sizes_trained: tuple[int, int]
     width_correction: WidthCorrection | None = None
+    batch_shift: BatchShift | None = None
+
+    def __post_init__(self) -> None:
+        shift, (low, high) = self.batch_shift, self.batch_sizes_trained
+        if shift is not None and (self.net.reads_batch or low != high or shift.reference_batch != low):
+            raise ValueError(
+                f"a batch shift around batch {shift.reference_batch} shifts a net trained at that one batch alone, "
+                f"not one {'that reads the batch' if self.net.reads_batch else f'trained at {low}-{high}'}"
+            )
 
     @staticmethod
-    def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any], batch_size: int) -> "KernelNet":
+    def of(net: ComputeNet, norm: Normalizer, meta: dict[str, Any], batch_size: int, batch_shift: BatchShift | None = None) -> "KernelNet":
         """``net`` with what ``meta`` (a model's meta, or its ``"sequence"`` part) records
-        about its training data; models before the byte field saw fp32 only, and those
-        before the batch range, the model's one ``batch_size``."""
+        about its training data, and its ``batch_shift``; models before the byte field saw
+        fp32 only, and those before the batch range, the model's one ``batch_size``."""
         stored = meta.get("feature_range")
         low, high = meta.get("batch_sizes_trained", (batch_size, batch_size))
         return KernelNet(
             net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4])),
             FeatureRange.from_state(stored) if stored is not None else None, (int(low), int(high)),
-            WidthCorrection.from_meta(meta),
+            WidthCorrection.from_meta(meta), batch_shift,
         )  # fmt: skip
 
     def batch_factor(self, batch_size: int) -> float:
         """What the net's price at the nearest batch it was trained at is multiplied by for
         ``batch_size``: 1 inside the trained batches (a net that reads the batch prices it
-        itself), linear in the batch beyond them (a first-order correction)."""
+        itself), linear in the batch beyond them (a first-order correction); a net trained at
+        one batch with a ``batch_shift``: linear, the shift its departure from linear."""
         low, high = self.batch_sizes_trained
         return batch_size / min(max(batch_size, low), high)
 
@@ -235,7 +250,8 @@ class KernelNet:
     @torch.no_grad()
     def embed(self, shards: Sequence[Shard], batch_size: int) -> np.ndarray:
         """Shard rows at ``batch_size``, float32 [S, hidden + 3 (+ 2)] = [the head's first layer (no bias) applied
-        to the net's embedding of the shard as ``priced`` | the (forward, backward) ms its
+        to the net's embedding of the shard as ``priced``, moved by the batch shift where there is
+        one | the (forward, backward) ms its
         copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
         the trained range | with a width correction, its pooling factor x width and its
         pooling factor | 1]. The head pools the embeddings by summing and its first
@@ -244,7 +260,10 @@ class KernelNet:
         device, the middle columns sum the devices' extra ms (and lookups) and the last
         counts its shards in this kernel."""
         features, copies = self.priced(shards, batch_size)
-        emb = self.net.table(self.norm(features)).numpy()  # [S, embed]
+        emb = self.net.table(self.norm(features))  # [S, embed]
+        if self.batch_shift is not None and batch_size != self.batch_shift.reference_batch:
+            emb = emb + self.batch_shift.move(features, torch.tensor(math.log(batch_size)))
+        emb = emb.numpy()
         lifted = emb @ self.head[0][0]  # [S, hidden]
         extra = np.zeros((len(shards), 2), dtype=emb.dtype)  # [S, 2]
         beyond = copies > 1

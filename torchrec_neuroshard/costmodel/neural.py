@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from torchrec_neuroshard.comm import CommModel
+from torchrec_neuroshard.costmodel.batchshift import BatchShift, ShiftNet
 from torchrec_neuroshard.costmodel.features import DEVICE_FEATURES, Normalizer, device_features
 from torchrec_neuroshard.costmodel.modelfile import CORRUPT_ERRORS, ModelFile, corrupt
 from torchrec_neuroshard.costmodel.nets import CommNet, ComputeNet, KernelNet, numpy_layers, numpy_mlp
@@ -79,7 +80,9 @@ class NeuralCostModel(CostModel):
     at the global batch ``batch_size`` x ``batch_scale`` (``with_batch_size`` sets it, and
     rescales the comm, linear in the batch): a compute net trained across batches reads it
     as a feature, one trained at a single batch scales linearly from it
-    (``KernelNet.batch_factor``). ``meta`` holds the hardware the samples were measured on
+    (``KernelNet.batch_factor``), its ``batch_shift`` (net, normaliser; ``meta["batch_shift"]``
+    records the rest) moving the pooled kernel's shards off that batch where it learned one
+    (``costmodel.batchshift``). ``meta`` holds the hardware the samples were measured on
     (``hardware``), the batch size the comm and the default prediction are at, and the
     training record.
     """
@@ -92,13 +95,15 @@ class NeuralCostModel(CostModel):
         meta: dict[str, Any],
         batch_scale: float = 1.0,
         sequence: tuple[ComputeNet, Normalizer] | None = None,
+        batch_shift: tuple[ShiftNet, Normalizer] | None = None,
     ) -> None:
         self.compute_net = compute_net.eval()
         self.compute_norm = compute_norm
         self.comm = comm
         self.meta = meta
         self.batch_scale = batch_scale
-        self.pooled_kernel = KernelNet.of(compute_net, compute_norm, meta, self.batch_size)
+        shift = BatchShift.of(*batch_shift, meta["batch_shift"]) if batch_shift is not None else None
+        self.pooled_kernel = KernelNet.of(compute_net, compute_norm, meta, self.batch_size, shift)
         self.sequence_kernel = KernelNet.of(*sequence, meta["sequence"], self.batch_size) if sequence is not None else None
 
     @property
@@ -106,6 +111,21 @@ class NeuralCostModel(CostModel):
         """The sequence kernel's (net, normaliser), the constructor's ``sequence``."""
         k = self.sequence_kernel
         return (k.net, k.norm) if k is not None else None
+
+    @property
+    def batch_shift(self) -> tuple[ShiftNet, Normalizer] | None:
+        """The pooled kernel's batch shift's (net, normaliser), the constructor's ``batch_shift``."""
+        shift = self.pooled_kernel.batch_shift
+        return (shift.net, shift.norm) if shift is not None else None
+
+    def _rebuilt(self, **changes: Any) -> "NeuralCostModel":
+        """A model of this one's parts with ``changes`` (constructor arguments) in place:
+        every derived model is built here, so none drops a part."""
+        parts = dict(
+            compute_net=self.compute_net, compute_norm=self.compute_norm, comm=self.comm, meta=self.meta,
+            batch_scale=self.batch_scale, sequence=self.sequence, batch_shift=self.batch_shift,
+        )  # fmt: skip
+        return NeuralCostModel(**{**parts, **changes})
 
     @property
     def batch_size(self) -> int:
@@ -136,9 +156,7 @@ class NeuralCostModel(CostModel):
         comm = self.comm.with_batch_size(batch_size) if self.comm is not None else None
         if batch_size / self.batch_size == self.batch_scale and comm is self.comm:
             return self
-        return NeuralCostModel(
-            self.compute_net, self.compute_norm, comm, self.meta, batch_size / self.batch_size, self.sequence
-        )
+        return self._rebuilt(comm=comm, batch_scale=batch_size / self.batch_size)
 
     def batch_note(self, batch_size: int) -> str:
         """How this model prices the global ``batch_size``: by the nets that learned it, or
@@ -150,7 +168,11 @@ class NeuralCostModel(CostModel):
             learned = f"{low:,}" if low == high else f"{low:,}-{high:,}"
             factor = kernel.batch_factor(batch_size)
             how = "priced by its net" if factor == 1.0 else f"scaled linearly by {factor:.3g}"
-            parts.append(f"{what} {how} (learned at {learned})")
+            shift = kernel.batch_shift
+            moved = ""
+            if shift is not None and batch_size != shift.reference_batch:
+                moved = ", moved by its batch shift (learned at {:,}-{:,})".format(*shift.batch_sizes_trained)
+            parts.append(f"{what} {how} (learned at {learned}){moved}")
         if self.comm is not None and batch_size != self.batch_size:
             parts.append(f"comm scaled linearly from {self.batch_size:,}")
         return "; ".join(parts)
@@ -160,18 +182,16 @@ class NeuralCostModel(CostModel):
         table: the same predictions from embeddings half as wide."""
         if self.sequence_kernel is None or any(not t.pooled for t in tables):
             return self
-        return NeuralCostModel(self.compute_net, self.compute_norm, self.comm, self.meta, self.batch_scale)
+        return self._rebuilt(sequence=None)
 
     def with_meta(self, meta: dict[str, Any]) -> "NeuralCostModel":
         """The same nets, comm and batch scale with ``meta`` in place of this model's (a
         refit's step parts, a fitted width correction, a calibration's record)."""
-        return NeuralCostModel(self.compute_net, self.compute_norm, self.comm, meta, self.batch_scale, self.sequence)
+        return self._rebuilt(meta=meta)
 
     def with_comm(self, comm: CommModel) -> "NeuralCostModel":
         """The same compute model paired with ``comm`` (at this model's batch scale)."""
-        return NeuralCostModel(
-            self.compute_net, self.compute_norm, comm.with_batch_size(self.batch), self.meta, self.batch_scale, self.sequence
-        )
+        return self._rebuilt(comm=comm.with_batch_size(self.batch))
 
     def embed_shards(self, shards: Sequence[Shard]) -> np.ndarray:
         """Shard embeddings, pooled-kernel and sequence-kernel columns side by side:
@@ -253,7 +273,7 @@ class NeuralCostModel(CostModel):
         """Write the model file (``modelfile``): the nets this model has, and ``meta``."""
         neural = self.comm if isinstance(self.comm, NeuralComm) else None
         comm = (neural.net, neural.norm) if neural is not None else None
-        ModelFile((self.compute_net, self.compute_norm), comm, self.sequence, self.meta).write(path)
+        ModelFile((self.compute_net, self.compute_norm), comm, self.sequence, self.meta, self.batch_shift).write(path)
 
     @staticmethod
     def load(path: str | Path) -> "NeuralCostModel":
@@ -261,7 +281,7 @@ class NeuralCostModel(CostModel):
         file = ModelFile.read(path)
         try:
             comm = NeuralComm(*file.comm, int(file.meta["batch_size"])) if file.comm is not None else None
-            model = NeuralCostModel(*file.compute, comm, file.meta, sequence=file.sequence)
+            model = NeuralCostModel(*file.compute, comm, file.meta, sequence=file.sequence, batch_shift=file.batch_shift)
         except CORRUPT_ERRORS as e:
             raise corrupt(Path(path), e) from e
         if any(k is not None and k.trained_range is None for k in (model.pooled_kernel, model.sequence_kernel)):

@@ -52,7 +52,8 @@ def fine_tune(
     base's sequence-kernel net is kept as it is (calibration measures pooled kernels).
     The compute net's feature range grows by the fine-tuning samples' (both are samples
     of the same kernel the net learned; a base without a range gets theirs), its batches
-    too where it reads the batch (else it prices at the calibration's batch, linear beyond).
+    too where it reads the batch (else it prices at the calibration's batch, linear beyond,
+    moved by the base's batch shift around that batch where the base has one).
     ``meta["calibration"]`` records the base, the sample counts, the time, and the held-out
     error before and after."""
     t0 = time.perf_counter()
@@ -77,7 +78,7 @@ def fine_tune(
     record["seconds"] = round(time.perf_counter() - t0, 1)
     meta["train_seconds"] = record["seconds"]
     meta["calibration"] = record
-    model = NeuralCostModel(net, norm, comm, meta, sequence=base.sequence)
+    model = NeuralCostModel(net, norm, comm, meta, sequence=base.sequence, batch_shift=base.batch_shift)
     held_out_pairs = [r for r, held in zip(compute_rows, val) if held and "pair" in r]  # ``data``'s order
     if len(data.pairs()):
         record["device_pairs"] = len(data.pairs())
@@ -119,6 +120,8 @@ def _tuned_meta(
     meta.pop("test", None)  # the base's test split is another machine's
     meta.pop("width_correction", None)  # fitted to the base's nets, not these
     meta.pop("hardware_note", None)
+    if "batch_shift" in meta:  # the base's shift moves shards off the batch the net is now tuned at
+        meta["batch_shift"] = {**meta["batch_shift"], "reference_batch": meta["batch_sizes_trained"][0]}
     return meta
 
 

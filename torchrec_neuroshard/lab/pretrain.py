@@ -23,6 +23,7 @@ import torch
 from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
 from torchrec_neuroshard.costmodel.features import FeatureRange, Normalizer
 from torchrec_neuroshard.costmodel.nets import ComputeNet
+from torchrec_neuroshard.lab.batch_shift import with_batch_shift
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows
 from torchrec_neuroshard.lab.training import comm_metrics, compute_metrics, mape, train_comm, train_compute
 from torchrec_neuroshard.lab.training_data import (
@@ -49,6 +50,7 @@ def pretrain(
     progress: bool = True,
     hardware: dict | None = None,
     stretch_beyond: int | None = None,
+    batch_shift_rows: Sequence[dict] = (),
 ) -> NeuralCostModel:
     """Train the compute model, the sequence-kernel compute model if ``rows`` hold unpooled
     compute samples (``pooling_mode: none``), and the comm model if they hold comm samples,
@@ -62,6 +64,9 @@ def pretrain(
     fields of the rows' hardware record (e.g. a CPU name or core count an older collector
     did not record). ``stretch_beyond``: the pooled compute net prices kernels of more
     tables as the planner does, in training too (``ComputeNet.stretch_beyond``).
+    ``batch_shift_rows``: pooled kernels at other batches than ``rows``' one, which a batch
+    shift of the pooled kernel learns from, the net trained on ``rows`` frozen
+    (``lab.batch_shift``; its test figures in ``meta["test"]["batch_shift"]``).
     """
     t0 = time.perf_counter()
     compute_rows = kernel_rows(rows, pooled=True)
@@ -82,14 +87,17 @@ def pretrain(
         meta["step_parts"] = parts.to_dict()
         meta["step_parts_world_sizes"] = {n: sorted(set(d.world_size.tolist()) - set(exclude_world_sizes)) for n, d in step.items()}
         meta["test"]["step_parts"] = step_test
-    for name, value in _metrics(meta["test"]):
+    model = NeuralCostModel(cnet, cnorm, comm, meta, sequence=sequence)
+    if batch_shift_rows:
+        model = with_batch_shift(model, batch_shift_rows, epochs, seed, progress)
+    for name, value in _metrics(model.meta["test"]):
         if not math.isfinite(value):
             raise ShardingError(
                 f"test metric {name} is {value}, so the trained model is not returned (nor saved): "
                 "check the data for non-finite or zero times, and pre-train on more samples"
             )
-    meta["train_seconds"] = round(time.perf_counter() - t0, 1)
-    return NeuralCostModel(cnet, cnorm, comm, meta, sequence=sequence)
+    model.meta["train_seconds"] = round(time.perf_counter() - t0, 1)
+    return model
 
 
 def _reference_batch(rows: Sequence[dict]) -> int:
@@ -243,8 +251,17 @@ def _metrics(tree: dict, prefix: str = "") -> Iterator[tuple[str, float]]:
             yield f"{prefix}{key}", value
 
 
-def pretrain_files(paths: Sequence[str | Path], **kwargs) -> NeuralCostModel:
-    """``pretrain`` on the rows of dataset files; a missing or unreadable file is an error."""
+def pretrain_files(paths: Sequence[str | Path], batch_shift_paths: Sequence[str | Path] = (), **kwargs) -> NeuralCostModel:
+    """``pretrain`` on the rows of dataset files (``batch_shift_paths``': its
+    ``batch_shift_rows``); a missing or unreadable file is an error."""
+    rows = _read_files(paths)
+    if not rows:
+        raise ShardingError(f"no samples in {[str(p) for p in paths]}")
+    return pretrain(rows, batch_shift_rows=_read_files(batch_shift_paths), **kwargs)
+
+
+def _read_files(paths: Sequence[str | Path]) -> list[dict]:
+    """The rows of the dataset files ``paths``, in order; a missing or unreadable file is an error."""
     rows = []
     for path in paths:
         if not Path(path).is_file():
@@ -253,6 +270,4 @@ def pretrain_files(paths: Sequence[str | Path], **kwargs) -> NeuralCostModel:
             rows += read_rows(path)
         except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ShardingError(f"data file {str(path)!r} is not a readable JSONL(.gz) dataset: {e}") from e
-    if not rows:
-        raise ShardingError(f"no samples in {[str(p) for p in paths]}")
-    return pretrain(rows, **kwargs)
+    return rows
