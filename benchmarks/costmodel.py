@@ -96,6 +96,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=PRETRAINED_DIR / "cpu.pt")
     p.add_argument("--data", nargs="+", default=[str(DATA_DIR / f) for f in CPU_DATA])
+    p.add_argument(
+        "--batch-shift-data", nargs="+", default=[],
+        help="a model with a batch shift: the files it learned from (`pretrain --batch-shift-data`), scored apart",
+    )  # fmt: skip
     p.add_argument("--holdout-world-sizes", type=int, nargs="+", default=[6, 3], help="each held out of training in turn")
     p.add_argument("--noise-samples", type=int, default=12, help="0 skips the noise measurement")
     p.add_argument("--step-noise-samples", type=int, default=10, help="step parts re-measured for their noise floor; 0 skips")
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for path in args.data for r in read_rows(path)]
 
     test_rows = _compute_table(model, rows, seed, device)
+    _batch_shift_table(model, [r for path in args.batch_shift_data for r in read_rows(path)], seed)
 
     if model.comm is None:
         print(
@@ -176,6 +181,29 @@ def _compute_table(model: NeuralCostModel, rows: list[dict], seed: int, device: 
             keep = torch.tensor([k == name for k in kinds])
             print(f"| NeuroShard, {name} kernels only ({int(keep.sum())}) | {mape(total[keep], truth[keep]):.1f} | {spearman(total[keep], truth[keep]):.3f} | - | - | - |")
     return test_rows
+
+
+def _batch_shift_table(model: NeuralCostModel, rows: list[dict], seed: int) -> None:
+    """Print the batch shift's rows: its test split of the pooled kernels it learned from
+    (``rows``, split as ``lab.batch_shift`` split them) priced as the planner prices them,
+    with the shift and linearly without it. Refuses a model and rows that do not go together."""
+    if (model.batch_shift is None) != (not rows):
+        raise SystemExit(
+            "--batch-shift-data: give the files a model's batch shift learned from, for a model with one (and only then); "
+            f"this model has {'a' if model.batch_shift is not None else 'no'} batch shift"
+        )
+    if not rows:
+        return
+    rows = kernel_rows(rows, pooled=True)
+    _, _, test = split_by_group(load_compute_data(rows, reads_batch=True).group, seed)
+    tested = [r for r, keep in zip(rows, test) if keep]
+    truth = torch.tensor([r["fwd_ms"] + r["bwd_ms"] for r in tested], dtype=torch.float64)
+    for label, priced_by in (("through its batch shift", model), (f"linear from {model.batch_size:,}", model.without_batch_shift())):
+        pred = torch.tensor([priced_by.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) for r in tested], dtype=torch.float64)
+        print(
+            f"| NeuroShard, other batches {label} ({len(tested)}) | {mape(pred, truth):.1f} | {spearman(pred, truth):.3f} "
+            f"| - | - | {float((pred / truth).median()):.3f} |"
+        )  # fmt: skip
 
 
 def _comm_tables(args: argparse.Namespace, model: NeuralCostModel, rows: list[dict], seed: int) -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.costmodel import _batch_shift_table
 from tests.test_batch_feature import _rows_across_batches
 from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.costmodel.batchshift import BatchShift
@@ -28,11 +29,6 @@ def shifted() -> NeuralCostModel:
     return pretrain(base, epochs=40, progress=False, batch_shift_rows=_rows_across_batches(800))
 
 
-def _unshifted(model: NeuralCostModel) -> NeuralCostModel:
-    meta = {k: v for k, v in model.meta.items() if k != "batch_shift"}
-    return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
-
-
 def _error_slope(model: NeuralCostModel, rows: list[dict]) -> float:
     """The slope of log priced / measured over log batch across ``rows``."""
     priced = [model.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) for r in rows]
@@ -50,7 +46,7 @@ def test_the_shift_learns_what_linear_scaling_misses_and_leaves_the_reference_ba
     assert set(shifted.meta["test"]["batch_shift"]) == {"samples", "mape_total_linear", "mape_total"}
     record = shifted.meta["batch_shift"]
     assert record["reference_batch"] == REFERENCE and 256 <= record["batch_sizes_trained"][0] < 300
-    plain, shards = _unshifted(shifted), _shards()
+    plain, shards = shifted.without_batch_shift(), _shards()
     # batch^1.4: priced linearly, the log error falls with the log batch; the shift flattens it
     slope = {id(m): _error_slope(m, _rows_across_batches(150, seed=5)) for m in (shifted, plain)}
     assert slope[id(plain)] < -0.2 and abs(slope[id(shifted)]) < 0.5 * abs(slope[id(plain)])
@@ -86,8 +82,8 @@ def test_calibration_keeps_the_shift_around_the_batch_it_tunes_at(shifted) -> No
     tuned = fine_tune(shifted, rows, epochs=3, progress=False)
     assert tuned.pooled_kernel.batch_shift.reference_batch == here == tuned.pooled_kernel.batch_sizes_trained[0]
     shards = _shards()
-    assert tuned.kernel_ms(shards, here) == _unshifted(tuned).kernel_ms(shards, here)  # 0 at the tuned batch
-    assert tuned.kernel_ms(shards, 512) != _unshifted(tuned).kernel_ms(shards, 512)
+    assert tuned.kernel_ms(shards, here) == tuned.without_batch_shift().kernel_ms(shards, here)  # 0 at the tuned batch
+    assert tuned.kernel_ms(shards, 512) != tuned.without_batch_shift().kernel_ms(shards, 512)
 
 
 def test_a_shift_needs_a_net_of_one_batch_and_data_at_other_batches() -> None:
@@ -104,3 +100,14 @@ def test_a_shift_needs_a_net_of_one_batch_and_data_at_other_batches() -> None:
     with pytest.raises(ShardingError, match="positive reference batch"):
         BatchShift(shift.net, shift.norm, 0, (256, 512))
     assert np.isfinite(one.kernel_ms(_shards(), 512))
+
+
+@pytest.mark.slow
+def test_the_accuracy_benchmark_scores_the_shift_on_its_own_files_only(shifted, capsys) -> None:
+    _batch_shift_table(shifted, _rows_across_batches(100, seed=4), seed=0)
+    printed = capsys.readouterr().out
+    assert "other batches through its batch shift (" in printed and "other batches linear from 4,096 (" in printed
+    with pytest.raises(SystemExit, match="this model has a batch shift"):
+        _batch_shift_table(shifted, [], seed=0)
+    with pytest.raises(SystemExit, match="this model has no batch shift"):
+        _batch_shift_table(shifted.without_batch_shift(), _rows_across_batches(10), seed=0)

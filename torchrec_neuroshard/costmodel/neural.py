@@ -118,6 +118,13 @@ class NeuralCostModel(CostModel):
         shift = self.pooled_kernel.batch_shift
         return (shift.net, shift.norm) if shift is not None else None
 
+    def without_batch_shift(self) -> "NeuralCostModel":
+        """The same model pricing other batches linearly from its net's one, as it would
+        without its batch shift (to compare the two); ``self`` where it has none."""
+        if self.batch_shift is None:
+            return self
+        return self._rebuilt(batch_shift=None, meta={k: v for k, v in self.meta.items() if k != "batch_shift"})
+
     def _rebuilt(self, **changes: Any) -> "NeuralCostModel":
         """A model of this one's parts with ``changes`` (constructor arguments) in place:
         every derived model is built here, so none drops a part."""
