@@ -16,10 +16,12 @@ subset of the compute files, into ``runs/recipe_ablation/`` (resumes), plus
 - "with a batch correction": the batch-4,096 model's price, linear in the batch as it prices
   other batches, times a factor fitted on 80% of the batch-varied kernels (by group) with
   its net frozen, 1 at 4,096 (so its held-out row is that model's): ``KernelCorrection``, a
-  second compute net g reading the batch, exp(g(kernel, batch) - g(kernel, 4,096)); or
-  ``ShardShift``, each shard's embedding in the first net moved by delta(shard, batch) -
-  delta(shard, 4,096), which keeps the search's pricing of a device a sum of shard rows
-  (``KernelNet.embed``) at one batch.
+  second compute net g reading the batch, exp(g(kernel, batch) - g(kernel, 4,096));
+- "with its batch shift": the product's batch shift learned the same way (``pretrain
+  --batch-shift-data``, ``costmodel.batchshift``): each shard's embedding in the net moved
+  by delta(shard, batch) - delta(shard, 4,096), which keeps the search's pricing of a device
+  a sum of shard rows (``KernelNet.embed``); over the batch-4,096 net and over the net of
+  every 4,096 file (the candidate for ``cpu.pt``).
 
 Per variant: the within-plan error of every held-out judged device (``device_error``: log
 measured / priced, less its plan's mean; its sd) at each D, and its error on the
@@ -33,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import datetime
 from dataclasses import replace
 from pathlib import Path
@@ -48,7 +49,7 @@ from benchmarks.scale_report import MEASURED, PLANNED, cpu_label, last_judged
 from studies.device_error import held_out_devices
 from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
 from torchrec_neuroshard.costmodel.features import Normalizer
-from torchrec_neuroshard.costmodel.nets import ComputeNet, mlp
+from torchrec_neuroshard.costmodel.nets import ComputeNet
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
 from torchrec_neuroshard.lab.collect_devices import whole_pairs
 from torchrec_neuroshard.lab.pretrain import pretrain
@@ -66,11 +67,16 @@ RECIPES = {
     "batch 4,096 alone": ("cpu_compute",),
     "batch 4,096 alone, seed 1": ("cpu_compute",),
     "all, batch-varied files' levels learned": ("cpu_compute", *BATCH_FILES, "cpu_compute_fp16", "cpu_compute_sequence"),
+    "batch 4,096 alone, with its batch shift": ("cpu_compute",),
+    "no batch-varied, with its batch shift": ("cpu_compute", "cpu_compute_fp16", "cpu_compute_sequence"),
 }
 DEVICE_FILES = ("cpu_compute_devices", "cpu_compute_devices_seed1")
 """Device-sized kernels (16-128 tables of pools 10-19, batch 1,032-16,336) timed in pairs: no variant trains on them."""
 CORRECTED = "batch 4,096 alone"
 """The variant the batch correction is fitted on."""
+SHIFTED = "with its batch shift"
+"""Recipes whose name holds this learn the product's batch shift on ``BATCH_FILES``
+(``pretrain(batch_shift_rows=)``, ``costmodel.batchshift``)."""
 BATCH_BINS = (256, 2048, 8192, 65537)
 SESSION = 1_000_000
 """A compute row's group is offset by its file's index x this where files get levels."""
@@ -119,8 +125,9 @@ def build(name: str, files: tuple[str, ...], out_dir: Path) -> Path:
             offset = SESSION * k if levels and r.get("kind") == "compute" else 0
             rows.append({**r, "group": r["group"] + offset})
     free = {files.index(f) for f in BATCH_FILES} if levels else set()
+    shift = [r for f in BATCH_FILES for r in read_rows(DATA / f"{f}.jsonl.gz")] if SHIFTED in name else []
     with file_levels(free, len(files)) if levels else contextlib.nullcontext():
-        model = pretrain(rows, seed=1 if "seed 1" in name else 0, hardware={"device_name": "AMD EPYC", "cores": 2})
+        model = pretrain(rows, seed=1 if "seed 1" in name else 0, hardware={"device_name": "AMD EPYC", "cores": 2}, batch_shift_rows=shift)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save(path)
     return path
@@ -156,32 +163,9 @@ class KernelCorrection(nn.Module):
         return self.net(self.norm(data.x), data.sample, len(data)) - self.net(self.norm(at_reference), data.sample, len(data))
 
 
-class ShardShift(nn.Module):
-    """The log factor [N, 2] of moving each shard's embedding in the frozen first net by
-    delta(shard, its batch) - delta(shard, the reference batch): that net's head read with
-    the moved sum less without (stretched beyond its trained kernel size as it prices)."""
-
-    def __init__(self, data: ComputeData, model: NeuralCostModel) -> None:
-        super().__init__()
-        self.base = copy.deepcopy(model.compute_net).requires_grad_(False)
-        self.base_norm, self.stretch_beyond = model.compute_norm, model.pooled_kernel.max_tables_per_kernel
-        self.delta = mlp([data.x.shape[1], 128, 128, int(self.base.config["embed"])])
-        self.norm, self.reference = Normalizer.fit(data.x), model.batch_size
-
-    def forward(self, data: ComputeData) -> torch.Tensor:
-        embedded = self.base.table(self.base_norm(data.x[:, :-1]))  # [S, embed]
-        moved = embedded + self.delta(self.norm(data.x)) - self.delta(self.norm(_at_reference(data.x, self.reference)))  # [S, embed]
-        count = torch.bincount(data.sample, minlength=len(data)).to(embedded.dtype)  # [N]
-        stretch = (count / self.stretch_beyond).clamp_min(1.0)[:, None]  # [N, 1]
-
-        def head(rows: torch.Tensor) -> torch.Tensor:  # [N, 2]
-            return self.base.head(torch.zeros(len(data), rows.shape[1]).index_add_(0, data.sample, rows) / stretch)
-
-        return head(moved) - head(embedded)
-
-
-CORRECTIONS = {"with a kernel's batch correction": KernelCorrection, "with a shard's batch shift": ShardShift}
-"""The batch corrections fitted on the batch-4,096 model, by their rows' label."""
+CORRECTIONS = {"with a kernel's batch correction": KernelCorrection}
+"""The batch corrections fitted here on the batch-4,096 model, by their rows' label (its
+batch shift is the product's: a recipe, ``SHIFTED``)."""
 
 
 def fit_correction(kind: type[nn.Module], model: NeuralCostModel, rows: list[dict], prices: torch.Tensor, seed: int = 0) -> nn.Module:
@@ -243,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         corrections = {"": None} | ({label: fit_correction(kind, model, varied, varied_prices) for label, kind in CORRECTIONS.items()} if name == CORRECTED else {})
         for label, correction in corrections.items():
             pairs = np.concatenate([pair_differences(log_errors(prices, rows, correction), rows) for prices, rows in zip(device_prices, devices)])
-            label, trained = (name, files) if correction is None else (f"{name}, {label}", (*files, *BATCH_FILES))
+            learned = correction is not None or SHIFTED in name
+            label, trained = (name if correction is None else f"{name}, {label}"), (*files, *BATCH_FILES) if learned else files
             lines.append(
                 f"| {label} | {', '.join(trained)} | " + " | ".join(f"{sd:.3f}" for sd in sds)
                 + " | " + " | ".join(bins_text(log_errors(varied_prices, varied, correction), varied)) + f" | {pairs.std():.3f} |"

@@ -1,10 +1,10 @@
 """studies.recipe_ablation: a batch-varied file's level learned apart from the net, and the
-batch corrections, nothing at the model's own batch."""
+batch correction, nothing at the model's own batch (the batch shift's: tests/test_batch_shift.py)."""
 
 import torch
 
 import torchrec_neuroshard.lab.training as training
-from studies.recipe_ablation import DATA, SESSION, KernelCorrection, ShardShift, file_levels
+from studies.recipe_ablation import DATA, SESSION, KernelCorrection, file_levels
 from torchrec_neuroshard.costmodel import model_named
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.training_data import load_compute_data
@@ -30,8 +30,7 @@ def test_a_batch_correction_is_nothing_at_the_models_own_batch_only() -> None:
     rows = [r for r in read_rows(DATA / "cpu_compute.jsonl.gz")[:20] if r["batch_size"] == model.batch_size]
     at_reference = load_compute_data(rows, reads_batch=True)
     elsewhere = load_compute_data([{**r, "batch_size": 2 * r["batch_size"]} for r in rows], reads_batch=True)
-    for kind in (KernelCorrection, ShardShift):
-        correction = kind(at_reference, model)
-        with torch.no_grad():
-            assert correction(at_reference).abs().max() < 1e-6, kind.__name__  # float32 rounding of x + d - d
-            assert correction(elsewhere).abs().min() > 0, kind.__name__
+    correction = KernelCorrection(at_reference, model)
+    with torch.no_grad():
+        assert correction(at_reference).abs().max() < 1e-6  # float32 rounding of x + d - d
+        assert correction(elsewhere).abs().min() > 0
