@@ -84,6 +84,15 @@ def test_calibration_keeps_the_shift_around_the_batch_it_tunes_at(shifted) -> No
     shards = _shards()
     assert tuned.kernel_ms(shards, here) == tuned.without_batch_shift().kernel_ms(shards, here)  # 0 at the tuned batch
     assert tuned.kernel_ms(shards, 512) != tuned.without_batch_shift().kernel_ms(shards, 512)
+    # device pairs at other batches are learned through the frozen shift (a base pricing them linearly is refused)
+    pairs = [
+        {**r, "batch_size": b, "group": 700_000 + i // 2, "pair": i // 2, "pair_member": i % 2, "hardware": rows[0]["hardware"]}
+        for i, (r, b) in enumerate(zip(_rows_across_batches(40, seed=6), [512, 512, 32_768, 32_768] * 10))
+    ]  # fmt: skip
+    paired = fine_tune(shifted, rows + pairs, epochs=3, progress=False)
+    assert paired.meta["calibration"]["device_pairs"] == 20 and paired.pooled_kernel.batch_sizes_trained == (here, here)
+    with pytest.raises(ShardingError, match="prices other batches linearly"):
+        fine_tune(shifted.without_batch_shift(), rows + pairs, epochs=1, progress=False)
 
 
 def test_a_shift_needs_a_net_of_one_batch_and_data_at_other_batches() -> None:

@@ -118,7 +118,7 @@ def test_device_pairs_need_calibration_kernels_and_a_base_that_reads_the_batch()
     with pytest.raises(ShardingError, match="no compute samples to calibrate on"):
         fine_tune(load_pretrained("cpu"), pairs, epochs=1, progress=False)
     kernels = [dict(r, hardware=pairs[0]["hardware"], batch_size=4096) for r in read_rows(XEON)[:5]]
-    with pytest.raises(ShardingError, match="2 device pairs at global batches .* does not read the batch; calibrate without --device-pairs"):
+    with pytest.raises(ShardingError, match="2 device pairs at global batches .* prices other batches linearly .*; calibrate without --device-pairs"):
         fine_tune(load_pretrained("intel_xeon"), kernels + pairs, epochs=1, progress=False)
 
 

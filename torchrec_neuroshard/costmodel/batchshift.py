@@ -20,11 +20,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from torchrec_neuroshard.costmodel.features import Normalizer, feature_names
-from torchrec_neuroshard.costmodel.nets import mlp
+from torchrec_neuroshard.costmodel.nets import ComputeNet, mlp
 from torchrec_neuroshard.types import ShardingError
 
 
@@ -84,3 +85,24 @@ class BatchShift:
         reference = torch.full_like(batch, min(max(math.log(self.reference_batch), low), high))  # [S]
         at = lambda b: self.net(self.norm(torch.cat([x, b[:, None]], dim=1)))  # noqa: E731
         return at(batch) - at(reference)
+
+
+def shifted_log_ms(
+    net: ComputeNet, norm: Normalizer, shift: BatchShift | None, x: torch.Tensor, sample: torch.Tensor,
+    batch_sizes: np.ndarray, reference_batch: int, stretch_beyond: int | None,
+) -> torch.Tensor:  # fmt: skip
+    """Log (forward, backward) ms [N, 2] of N kernels at their own batches as a model with
+    ``shift`` prices them (``KernelNet.cost`` at each batch; torch, for training): each shard's
+    features x [S, F + 1] (the log batch last), owning kernel ``sample`` [S], global batch
+    [N]; each shard's embedding moved by the shift (None: not moved), a kernel of more than
+    ``stretch_beyond`` shards priced as that many average ones, linear in the batch from the
+    ``reference_batch`` the net learned."""
+    base_x = x[:, :-1]  # [S, F]
+    embedded = net.table(norm(base_x))  # [S, embed]
+    if shift is not None:
+        embedded = embedded + shift.move(base_x, x[:, -1])
+    pooled = torch.zeros(len(batch_sizes), embedded.shape[1]).index_add_(0, sample, embedded)  # [N, embed]
+    count = torch.bincount(sample, minlength=len(batch_sizes)).to(embedded.dtype)  # [N]
+    stretch = (count / (stretch_beyond or math.inf)).clamp_min(1.0)[:, None]  # [N, 1]
+    linear = torch.as_tensor(np.log(batch_sizes / reference_batch), dtype=embedded.dtype)  # [N]
+    return net.head(pooled / stretch) + stretch.log() + linear[:, None]

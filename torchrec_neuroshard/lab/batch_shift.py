@@ -10,7 +10,6 @@ alone) and after the shift.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -18,7 +17,7 @@ import torch
 from torch import nn
 
 from torchrec_neuroshard.costmodel import NeuralCostModel
-from torchrec_neuroshard.costmodel.batchshift import BatchShift, ShiftNet
+from torchrec_neuroshard.costmodel.batchshift import BatchShift, ShiftNet, shifted_log_ms
 from torchrec_neuroshard.costmodel.features import Normalizer
 from torchrec_neuroshard.costmodel.nets import KernelNet
 from torchrec_neuroshard.lab.training import _fit, mape
@@ -28,10 +27,9 @@ from torchrec_neuroshard.types import ShardingError
 
 class ShiftedKernel(nn.Module):
     """A frozen compute net's log (forward, backward) ms [N, 2] of kernels at their own
-    batches, each shard's embedding moved by ``shift`` (the one trainable part), priced as
-    the planner prices it: stretched beyond the trained kernel size, linear in the batch
-    from the net's one (``KernelNet.cost``, ``batch_factor``); without a shift, the net's
-    linear price alone."""
+    batches as the planner prices them (``shifted_log_ms``, the features clamped into the
+    net's range), each shard's embedding moved by ``shift``, whose net is the one part
+    trained; without a shift, the net's linear price alone."""
 
     def __init__(self, kernel: KernelNet, shift: BatchShift | None) -> None:
         super().__init__()
@@ -39,17 +37,13 @@ class ShiftedKernel(nn.Module):
         self.net = shift.net if shift is not None else None  # registered: the parameters trained
 
     def forward(self, data: ComputeData) -> torch.Tensor:
-        kernel, log_batch = self.kernel, data.x[:, -1]  # [S]
-        x = kernel.trained_range.clamp(data.x[:, :-1]) if kernel.trained_range is not None else data.x[:, :-1]  # [S, F]
-        with torch.no_grad():
-            embedded = kernel.net.table(kernel.norm(x))  # [S, embed]
-        if self.shift is not None:
-            embedded = embedded + self.shift.move(x, log_batch)
-        pooled = torch.zeros(len(data), embedded.shape[1]).index_add_(0, data.sample, embedded)  # [N, embed]
-        count = torch.bincount(data.sample, minlength=len(data)).to(embedded.dtype)  # [N]
-        stretch = (count / (kernel.max_tables_per_kernel or math.inf)).clamp_min(1.0)[:, None]  # [N, 1]
-        linear = torch.as_tensor(np.log(data.batch_size / kernel.batch_sizes_trained[0]), dtype=embedded.dtype)  # [N]
-        return kernel.net.head(pooled / stretch) + stretch.log() + linear[:, None]
+        kernel, x = self.kernel, data.x
+        if kernel.trained_range is not None:
+            x = torch.cat([kernel.trained_range.clamp(x[:, :-1]), x[:, -1:]], dim=1)  # [S, F + 1]
+        return shifted_log_ms(
+            kernel.net, kernel.norm, self.shift, x, data.sample, data.batch_size, kernel.batch_sizes_trained[0],
+            kernel.max_tables_per_kernel,
+        )  # fmt: skip
 
 
 def _loss(kernel: ShiftedKernel, data: ComputeData) -> torch.Tensor:

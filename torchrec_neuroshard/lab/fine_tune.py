@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from torchrec_neuroshard.costmodel import NeuralComm, NeuralCostModel
-from torchrec_neuroshard.costmodel.features import FeatureRange
+from torchrec_neuroshard.costmodel.batchshift import BatchShift
+from torchrec_neuroshard.costmodel.features import FeatureRange, feature_names
 from torchrec_neuroshard.costmodel.nets import ComputeNet
 from torchrec_neuroshard.lab.collect import iter_kind, shard_from_record
 from torchrec_neuroshard.lab.collect_devices import whole_pairs
@@ -57,20 +58,21 @@ def fine_tune(
     ``meta["calibration"]`` records the base, the sample counts, the time, and the held-out
     error before and after."""
     t0 = time.perf_counter()
-    reads_batch = base.compute_net.reads_batch
+    reads_batch = base.compute_net.reads_batch or base.batch_shift is not None  # the data carry the batch
     compute_rows = _compute_rows_of_one_machine(rows, reads_batch)
     data = load_compute_data(compute_rows, reads_batch=reads_batch)
+    shift = _shift_around(base, compute_rows[0]["batch_size"])
     train, val = _split(data.group, seed)
     start = _stretching_net(base)
-    before = compute_metrics(start, base.compute_norm, data.subset(val))
+    before = compute_metrics(start, base.compute_norm, data.subset(val), shift)
     net, norm, log = train_compute(
         data.subset(train), data.subset(val), epochs, seed, min(32, max(1, int(train.sum()) // 4)), lr, patience,
-        progress, start=(start, base.compute_norm),
+        progress, start=(start, base.compute_norm), shift=shift,
     )  # fmt: skip
     record = {
         "base": {"hardware": base.meta["hardware"], "batch_size": base.batch_size},
         "compute_samples": len(data),
-        "compute_holdout": {"before": before, "after": compute_metrics(net, norm, data.subset(val))},
+        "compute_holdout": {"before": before, "after": compute_metrics(net, norm, data.subset(val), shift)},
         "compute_epochs": log["epochs"],
     }
     meta = _tuned_meta(base, net, compute_rows, data, train, seed)
@@ -84,6 +86,15 @@ def fine_tune(
         record["device_pairs"] = len(data.pairs())
         record["pairs_holdout"] = {"before": pair_errors(base, held_out_pairs), "after": pair_errors(model, held_out_pairs)}
     return model
+
+
+def _shift_around(base: NeuralCostModel, batch_size: int) -> BatchShift | None:
+    """The base's batch shift around the calibration kernels' ``batch_size``, where the
+    tuned net will price without it (None without one): device pairs at other batches are
+    learned through it, frozen."""
+    if base.batch_shift is None:
+        return None
+    return BatchShift.of(*base.batch_shift, {**base.meta["batch_shift"], "reference_batch": batch_size})
 
 
 def _stretching_net(base: NeuralCostModel) -> ComputeNet:
@@ -112,9 +123,12 @@ def _tuned_meta(
         seed=seed,
     )
     here = int(data.batch_size[0])
-    low, high = base.pooled_kernel.batch_sizes_trained if data.reads_batch else (here, here)
-    meta["batch_sizes_trained"] = [min(low, int(data.batch_size.min())), max(high, int(data.batch_size.max()))]
-    tuned = FeatureRange.fit(data.subset(train).x)
+    if net.reads_batch:
+        low, high = base.pooled_kernel.batch_sizes_trained
+        meta["batch_sizes_trained"] = [min(low, int(data.batch_size.min())), max(high, int(data.batch_size.max()))]
+    else:  # it prices at the calibration's batch, linear (and moved by the base's batch shift) beyond
+        meta["batch_sizes_trained"] = [here, here]
+    tuned = FeatureRange.fit(data.subset(train).x[:, : len(feature_names(net.reads_batch))])
     base_range = base.pooled_kernel.trained_range
     meta["feature_range"] = (tuned if base_range is None else base_range.union(tuned)).state()
     meta.pop("test", None)  # the base's test split is another machine's
@@ -147,7 +161,8 @@ def pair_errors(model: NeuralCostModel, rows: Sequence[dict]) -> dict:
 def _compute_rows_of_one_machine(rows: Sequence[dict], reads_batch: bool) -> list[dict]:
     """The compute rows of ``rows``, calibration kernels first and device pairs after them;
     refusing none, several machines, calibration kernels at several batches, and device
-    pairs (drawn at many batches) for a base whose net does not read the batch."""
+    pairs (drawn at many batches) for a base that prices other batches linearly (its net
+    does not read the batch and it has no batch shift)."""
     compute_rows = list(iter_kind(rows, "compute"))
     kernels = [r for r in compute_rows if "pair" not in r]
     if not kernels:
@@ -162,8 +177,9 @@ def _compute_rows_of_one_machine(rows: Sequence[dict], reads_batch: bool) -> lis
     if pairs and not reads_batch:
         raise ShardingError(
             f"{len(pairs) // 2} device pairs at global batches {min(r['batch_size'] for r in pairs)}-"
-            f"{max(r['batch_size'] for r in pairs)}, and the base model's net does not read the batch; "
-            "calibrate without --device-pairs, or from a base that reads it (the shipped models do)"
+            f"{max(r['batch_size'] for r in pairs)}, and the base model prices other batches linearly (its net does not "
+            "read the batch, nor has it a batch shift); calibrate without --device-pairs, or from a base that learned "
+            "the batch (the shipped cpu.pt)"
         )
     return kernels + pairs
 

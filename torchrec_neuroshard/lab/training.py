@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from torchrec_neuroshard.costmodel.batchshift import BatchShift, shifted_log_ms
 from torchrec_neuroshard.costmodel.features import DEVICE_FEATURES, Normalizer
 from torchrec_neuroshard.costmodel.nets import CommNet, ComputeNet
 from torchrec_neuroshard.lab.measure_compute import cpu_threads
@@ -60,10 +61,19 @@ PAIR_WEIGHT = 1.0
 """Weight of the pair loss (log ratio of two kernels timed in turn) beside the level loss."""
 
 
-def _compute_loss(net: ComputeNet, norm: Normalizer, data: ComputeData) -> torch.Tensor:
+def _shifted_predict(net: ComputeNet, norm: Normalizer, data: ComputeData, shift: BatchShift | None) -> torch.Tensor:
+    """``_compute_predict``, or with a batch shift the net's price of kernels at their own
+    batches moved by it (``shifted_log_ms``; the data carry the batch, the net does not read it)."""
+    if shift is None:
+        return _compute_predict(net, norm, data)
+    return shifted_log_ms(net, norm, shift, data.x, data.sample, data.batch_size, shift.reference_batch, net.stretch_beyond)
+
+
+def _compute_loss(net: ComputeNet, norm: Normalizer, data: ComputeData, shift: BatchShift | None = None) -> torch.Tensor:
     """MSE of log (forward, backward) ms; plus, for samples timed as a pair, MSE of the log
-    ratio of the two: a ratio the machine's drift does not move."""
-    log_pred, log_true = _compute_predict(net, norm, data), data.y.log()  # [N, 2]
+    ratio of the two: a ratio the machine's drift does not move. ``shift``: the net's price
+    moved by a frozen batch shift (``_shifted_predict``)."""
+    log_pred, log_true = _shifted_predict(net, norm, data, shift), data.y.log()  # [N, 2]
     loss = ((log_pred - log_true) ** 2).mean()
     pairs = torch.as_tensor(data.pairs())  # [P, 2]
     if len(pairs):
@@ -127,13 +137,15 @@ def train_compute(
     progress: bool = True,
     start: tuple[ComputeNet, Normalizer] | None = None,
     stretch_beyond: int | None = None,
+    shift: BatchShift | None = None,
 ) -> tuple[ComputeNet, Normalizer, dict]:
     """Fit log ms of (forward, backward) with MSE (and the pair loss, ``_compute_loss``);
     keep the best validation checkpoint. ``start``: fine-tune a copy of that net with its
     normaliser instead of a fresh one (it must read the batch where the data carry it, and
-    only then). ``stretch_beyond``: a fresh net's ``ComputeNet.stretch_beyond``."""
+    only then; with ``shift``, the frozen batch shift of ``start``'s model, the data carry
+    the batch for the shift). ``stretch_beyond``: a fresh net's ``ComputeNet.stretch_beyond``."""
     torch.manual_seed(seed)
-    if start is not None and start[0].reads_batch != train.reads_batch:
+    if start is not None and start[0].reads_batch != train.reads_batch and not (shift is not None and train.reads_batch):
         raise ValueError(f"the starting net has reads_batch={start[0].reads_batch}, the data {train.reads_batch}")
     if start is not None:
         net, norm = copy.deepcopy(start[0]), start[1]
@@ -141,7 +153,7 @@ def train_compute(
         net = ComputeNet(train.x.shape[1], reads_batch=train.reads_batch, stretch_beyond=stretch_beyond)
         norm = Normalizer.fit(train.x)
     log = _fit(
-        net, lambda d: _compute_loss(net, norm, d),
+        net, lambda d: _compute_loss(net, norm, d, shift),
         train, val, epochs, seed, batch, lr, patience, progress, "compute model" if start is None else "fine-tuning compute",
     )  # fmt: skip
     return net, norm, log
@@ -171,8 +183,8 @@ def train_comm(
 
 
 @torch.no_grad()
-def compute_metrics(net: ComputeNet, norm: Normalizer, data: ComputeData) -> dict:
-    pred = _compute_predict(net, norm, data).exp()
+def compute_metrics(net: ComputeNet, norm: Normalizer, data: ComputeData, shift: BatchShift | None = None) -> dict:
+    pred = _shifted_predict(net, norm, data, shift).exp()
     total_pred, total = pred.sum(1), data.y.sum(1)
     metrics = {
         "samples": len(data),
