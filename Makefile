@@ -67,14 +67,16 @@ data: venv
 	gzip -9 -c runs/cpu_step.jsonl > torchrec_neuroshard/lab/data/cpu_step.jsonl.gz
 	gzip -9 -c runs/cpu_step_dp.jsonl > torchrec_neuroshard/lab/data/cpu_step_dp.jsonl.gz
 
-# The shipped models (pooled, fp16 and sequence kernels where measured); the older
-# collections did not record the CPU's name or cores.
+# The shipped models (pooled, fp16 and sequence kernels where measured; cpu.pt's net at batch
+# 4,096, its batch shift learned on the batch-varied files); the older collections did not
+# record the CPU's name or cores.
 model: venv
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/cpu_compute.jsonl.gz \
-		torchrec_neuroshard/lab/data/cpu_compute_batch.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_batch_high.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_compute_fp16.jsonl.gz torchrec_neuroshard/lab/data/cpu_compute_sequence.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_comm.jsonl.gz torchrec_neuroshard/lab/data/cpu_step.jsonl.gz \
 		torchrec_neuroshard/lab/data/cpu_step_dp.jsonl.gz --device-name "AMD EPYC" --cores 2 \
+		--batch-shift-data torchrec_neuroshard/lab/data/cpu_compute_batch.jsonl.gz \
+		torchrec_neuroshard/lab/data/cpu_compute_batch_high.jsonl.gz \
 		--out torchrec_neuroshard/pretrained/cpu.pt
 	$(BIN)/neuroshard pretrain --data torchrec_neuroshard/lab/data/intel_xeon_compute.jsonl.gz \
 		torchrec_neuroshard/lab/data/intel_xeon_comm_d2.jsonl.gz --cores 2 \

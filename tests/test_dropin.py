@@ -249,8 +249,9 @@ def test_our_own_plan_saved_by_a_callback_reloads_through_plan_loader(where: str
     gpus, big = beyond_hbm()
     topo, make = (topology(), two_tower) if where == "in memory" else (gpus, lambda: big)
     kept: list = []
-    model = "cpu" if where == "in memory" else None  # the CPU model that splits these columns, whatever this machine's
-    planner = NeuroShardPlanner(topo, 64, callbacks=[lambda options: kept.extend(options) or options], cost_model=model)
+    # in memory: the H200 model, which splits these columns 3-9 ways at this batch, whatever this machine's
+    model, batch = ("h200", 256) if where == "in memory" else (None, 64)
+    planner = NeuroShardPlanner(topo, batch, callbacks=[lambda options: kept.extend(options) or options], cost_model=model)
     with pytest.raises(ShardingError, match=r"call plan\(\) first"):
         planner.hash_planner_context_inputs_str()
     want = planner.plan(make(), SHARDERS)
@@ -260,7 +261,7 @@ def test_our_own_plan_saved_by_a_callback_reloads_through_plan_loader(where: str
     else:
         assert any(o.cache_load_factor not in (None, 0.2) for o in kept), made  # TorchRec's default factor is 0.2
     stored = StoredPlan(kept, planner.hash_planner_context_inputs_str())
-    again = NeuroShardPlanner(topo, 64, plan_loader=stored, cost_model=model)
+    again = NeuroShardPlanner(topo, batch, plan_loader=stored, cost_model=model)
     assert again.plan(make(), SHARDERS).plan == want.plan and again.search_result_ is None
     assert sorted(again.plan_.placements, key=str) == sorted(planner.plan_.placements, key=str)  # load factors too
 

@@ -156,10 +156,13 @@ def test_bad_inputs_are_clear_errors(tmp_path) -> None:
 def test_batch_size_other_than_the_models_is_priced_and_logged(caplog) -> None:
     task = generate_task(synthetic_pool(), 10, 2, WorkloadScale(), seed=4)
     module = module_for_tables(task.tables)
-    small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=512, cost_model="cpu")  # learned the batch
+    small = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=512, cost_model="cpu")  # learned the batch (its shift)
     with caplog.at_level(logging.INFO, logger="torchrec_neuroshard.planner"):
         small.plan(module, SHARDERS)
-    assert "global batch 1024 (per-rank 512 x 2 ranks): compute priced by its net (learned at 256-" in caplog.text
+    assert (
+        "global batch 1024 (per-rank 512 x 2 ranks): compute scaled linearly by 0.25 (learned at 4,096), "
+        "moved by its batch shift (learned at 256-"
+    ) in caplog.text
     assert "comm scaled linearly from 4,096" in caplog.text
     big = NeuroShardPlanner(topology(2, task.memory_cap_bytes * 2), batch_size=2048, cost_model="cpu")
     big.plan(module, SHARDERS)
