@@ -11,7 +11,8 @@ synthetic pool at the CPU scale (rows / 64; seed 7, never trained on), each time
 batch in turn, its tables' access histograms those of
 that batch, as the planner sees them. Per batch and model (the shipped one, or each
 ``--model`` file, e.g. an earlier ``cpu.pt``): the MAPE of its prediction as it prices the
-batch, and for a model that reads the batch, of its 4,096 prediction scaled linearly.
+batch, and for a model that learned the batch (its net reads it, or a batch shift moves
+it), of its 4,096 prediction scaled linearly.
 Each kernel is measured ``--trials`` times (all first trials before any second): the
 MAPE of a second trial against the first is the noise floor printed beside, and
 ``ANCHORS`` of the model's own training kernels near each batch are re-measured in every
@@ -122,7 +123,7 @@ def predictions(model: NeuralCostModel, rows: list[dict]) -> tuple[list[float], 
 
 def report(rows: list[dict], models: dict[str, NeuralCostModel]) -> str:
     """Per batch, each model's MAPE against the mean of a kernel's trials as it prices the
-    batch (and, reading the batch, scaled linearly from 4,096), with the median predicted /
+    batch (and, where it learned the batch, scaled linearly from 4,096), with the median predicted /
     measured beside; where kernels were measured twice, the MAPE of the second trial
     against the first: the noise floor."""
     kernels, trials = measured(rows)
@@ -131,7 +132,7 @@ def report(rows: list[dict], models: dict[str, NeuralCostModel]) -> str:
     for label, model in models.items():
         at_batch, linear = predictions(model, kernels)
         columns[label] = at_batch
-        if model.compute_net.reads_batch:
+        if model.compute_net.reads_batch or model.batch_shift is not None:  # what it learned of the batch, and linear
             columns[f"{label}, linear from {TRAINED_BATCH:,}"] = linear
     lines = [
         "| batch (x 4,096) | kernels | noise floor | training kernels now / stored | "

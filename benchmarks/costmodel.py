@@ -41,10 +41,12 @@ from torchrec_neuroshard.types import TableSpec
 
 DATA_DIR = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data"
 CPU_DATA = (
-    "cpu_compute.jsonl.gz", "cpu_compute_batch.jsonl.gz", "cpu_compute_batch_high.jsonl.gz", "cpu_compute_fp16.jsonl.gz",
-    "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz", "cpu_step.jsonl.gz", "cpu_step_dp.jsonl.gz",
+    "cpu_compute.jsonl.gz", "cpu_compute_fp16.jsonl.gz", "cpu_compute_sequence.jsonl.gz", "cpu_comm.jsonl.gz",
+    "cpu_step.jsonl.gz", "cpu_step_dp.jsonl.gz",
 )  # fmt: skip
-"""The shipped CPU model's training data (Makefile ``model``)."""
+"""The shipped CPU model's training data (Makefile ``model``: ``--data``)."""
+CPU_SHIFT_DATA = ("cpu_compute_batch.jsonl.gz", "cpu_compute_batch_high.jsonl.gz")
+"""The files the shipped CPU model's batch shift learned from (``--batch-shift-data``)."""
 
 
 def torchrec_estimates(samples: Sequence[dict], world_size: int = 2, device: str = "cpu") -> list[float]:
@@ -97,8 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, default=PRETRAINED_DIR / "cpu.pt")
     p.add_argument("--data", nargs="+", default=[str(DATA_DIR / f) for f in CPU_DATA])
     p.add_argument(
-        "--batch-shift-data", nargs="+", default=[],
-        help="a model with a batch shift: the files it learned from (`pretrain --batch-shift-data`), scored apart",
+        "--batch-shift-data", nargs="*",
+        help="a model with a batch shift: the files it learned from (`pretrain --batch-shift-data`), scored apart "
+        "(default: the shipped CPU model's for a model with one, none for one without)",
     )  # fmt: skip
     p.add_argument("--holdout-world-sizes", type=int, nargs="+", default=[6, 3], help="each held out of training in turn")
     p.add_argument("--noise-samples", type=int, default=12, help="0 skips the noise measurement")
@@ -117,7 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for path in args.data for r in read_rows(path)]
 
     test_rows = _compute_table(model, rows, seed, device)
-    _batch_shift_table(model, [r for path in args.batch_shift_data for r in read_rows(path)], seed)
+    shift_files = args.batch_shift_data
+    if shift_files is None:
+        shift_files = [DATA_DIR / f for f in CPU_SHIFT_DATA] if model.batch_shift is not None else []
+    _batch_shift_table(model, [r for path in shift_files for r in read_rows(path)], seed)
 
     if model.comm is None:
         print(

@@ -110,7 +110,7 @@ def test_scale_report(monkeypatch, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_batch_curve_reports_shipped_models_columns() -> None:
     """Each line of the table rendered with the shipped model alone begins the committed
-    line (whose last column is runs/cpu_before.pt's)."""
+    line (whose last columns are runs/cpu_batchnet.pt's, the model shipped before)."""
     from benchmarks.batch_curve import report
     from torchrec_neuroshard.costmodel import load_pretrained
 
