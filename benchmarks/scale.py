@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -52,7 +51,7 @@ from tqdm import tqdm
 from benchmarks.fullsize import PLANNERS as FULLSIZE_PLANNERS
 from benchmarks.fullsize import plan_with
 from benchmarks.search_speed_full import commit
-from benchmarks.scale_report import MEASURED, PLANNED, last_judged, latest_plans, ok_rows, plans_digest, write_report
+from benchmarks.scale_report import MEASURED, PLANNED, file_sha256, last_judged, latest_plans, ok_rows, plans_digest, write_report
 from torchrec_neuroshard.costmodel import cost_model_for, model_file
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
 from torchrec_neuroshard.hardware import local_hardware
@@ -106,15 +105,11 @@ def planning_model(num_devices: int, pool_seed: int, model_path: str | None = No
     return task, model
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-
-
 def price_with_shipped(pool_seed: int, num_devices: int, rows: dict[str, dict]) -> None:
     """Every plan in ``rows`` (a task's last row per planner) whose predictions are not the
     shipped model's of now (the baselines', an older shipped file's) priced again by it,
     in place, as ``plan_all`` prices; rows of another ``--model`` file keep their own."""
-    sha = _sha256(model_file("cpu"))
+    sha = file_sha256(model_file("cpu"))
     stale = [n for n, r in rows.items() if r["status"] == "ok" and r.get("model", "shipped cpu.pt") == "shipped cpu.pt" and r.get("model_sha256") != sha]
     if not stale:
         return
@@ -160,7 +155,7 @@ def plan_all(
         row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, **planned_by}
         if name.startswith("neuroshard"):
             row.update(
-                model=str(model_path or "shipped cpu.pt"), model_sha256=_sha256(model_file(model_path or "cpu")),
+                model=str(model_path or "shipped cpu.pt"), model_sha256=file_sha256(model_file(model_path or "cpu")),
                 comm="the model's (gloo)" if measured_comm else "the topology's links",
             )  # fmt: skip
         append_rows(PLANNED, [planned_row(row, lambda: _plan_one(name, task, model, torchrec_timeout), lambda plan: (task, model))])

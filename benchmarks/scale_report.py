@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from torchrec_neuroshard.costmodel.shipped import shipped_hardware
+from torchrec_neuroshard.costmodel.shipped import model_file, shipped_hardware
 from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
@@ -304,12 +304,34 @@ def _median(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}" if values else "-"
 
 
+def file_sha256(path: Path) -> str:
+    """The digest a planning row records of its model file (``model_sha256``)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def shipped_text(planned: Mapping[tuple, Mapping[str, dict]]) -> str:
+    """Whose plans NeuroShard's rows are (``planned``: each task's last row by planner, as
+    stored): the shipped ``cpu.pt``'s, or an earlier shipped file's, naming the rows whose
+    planning model is the file shipped now."""
+    sha = file_sha256(model_file("cpu"))
+    made = {r.get("model_sha256") for rows in planned.values() if (r := rows.get("neuroshard")) and r["status"] == "ok"}
+    if made <= {sha}:
+        return "NeuroShard's rows are the plans of the shipped `cpu.pt`"
+    now = sorted({n for rows in planned.values() for n, r in rows.items() if n.startswith("neuroshard_") and r.get("model_sha256") == sha})
+    return (
+        f"NeuroShard's rows are the plans of the `cpu.pt` shipped when they were made (model sha256 "
+        f"{', '.join(sorted(str(m) for m in made - {sha}))}), not of the file shipped now ({sha}), whose plans are the "
+        f"rows {', '.join(now) or '(none yet)'}"
+    )
+
+
 def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None] | None = None) -> str:
     """scale.md from the stored rows; ``price(pool_seed, devices, plans)``, if given, may
     replace a task's plans' predictions in place (``scale.price_with_shipped``)."""
     planned_rows, measured_rows = read_rows(PLANNED), read_rows(MEASURED)
     tasks = sorted({(r["pool_seed"], r["devices"]) for r in planned_rows if "pool_seed" in r}, key=lambda t: (t[0] not in HELD_OUT_POOL_SEEDS, t))
     planned = {t: latest_plans(planned_rows, *t) for t in tasks}
+    whose = shipped_text(planned)  # read before ``price`` re-prices them
     for t in tasks if price else []:
         price(*t, planned[t])
     judged = {t: judged_task(measured_rows, *t) for t in tasks}
@@ -324,7 +346,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         "units (pass x draw x round); ratios of compute with a 90% paired bootstrap interval over units; 'units fastest': "
         "the units in which the plan's slowest device was the least of all timed plans. Predicted: the slowest device as "
         "the shipped model prices it now (a neuroshard_LABEL row planned by another model file: as that model priced it). Planning s with the machine's 1-min load average before -> after. "
-        f"NeuroShard's rows are the plans of the shipped `cpu.pt`, measured on {shipped_hardware()['cpu'].describe()}: a planner on "
+        f"{whose}, measured on {shipped_hardware()['cpu'].describe()}: a planner on "
         "another CPU kind loads that kind's shipped model where there is one (`costmodel.pretrained_for`): a row "
         "neuroshard_LABEL planned with it is what a user there gets."
         + (" Where a run timed the judge's reference, each time is divided by the reference's in its round (`JudgeConfig.reference`)." if any(r.get("reference") for r in measured_rows) else ""),
