@@ -171,7 +171,8 @@ def test_a_run_of_a_plan_since_re_planned_is_pooled_under_the_label_it_was_kept_
 
 @pytest.mark.slow
 def test_the_report_prices_every_plan_by_the_shipped_model_but_another_models_own() -> None:
-    from benchmarks.scale import _sha256, planning_model, price_with_shipped
+    from benchmarks.scale import planning_model, price_with_shipped
+    from benchmarks.scale_report import file_sha256 as _sha256
     from torchrec_neuroshard.costmodel import PRETRAINED_DIR
     from torchrec_neuroshard.search import predicted_breakdown
 
@@ -234,3 +235,15 @@ def test_the_uvm_benchmarks_plan_each_task_on_its_own_held_out_pool_and_pool_0_o
     assert drawn != {(t.name, t.rows) for t in uvm.uvm_task(devices, seed, rows[0]["tables"], 0).tables}
     entries = json.loads(gzip.open(uvm_gpu.PLANS, "rt").read())
     assert [e["pool_seed"] for e in entries] == list(uvm.HELD_OUT_POOLS)
+
+
+def test_the_report_says_whose_plans_neuroshards_rows_are() -> None:
+    from benchmarks.scale_report import file_sha256, shipped_text
+    from torchrec_neuroshard.costmodel import PRETRAINED_DIR
+
+    shipped = file_sha256(PRETRAINED_DIR / "cpu.pt")
+    now = {(2, 8): {"neuroshard": {"status": "ok", "model_sha256": shipped}}}
+    assert shipped_text(now).startswith("NeuroShard's rows are the plans of the shipped `cpu.pt`")
+    before = {(2, 8): {"neuroshard": {"status": "ok", "model_sha256": "old"}, "neuroshard_new": {"status": "ok", "model_sha256": shipped}}}
+    assert "shipped when they were made (model sha256 old), not of the file shipped now" in shipped_text(before)
+    assert shipped_text(before).endswith("whose plans are the rows neuroshard_new")
