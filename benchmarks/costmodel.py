@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from torchrec_neuroshard.lab.collect import compute_noise, comm_noise, iter_kind, read_rows, shard_from_record
@@ -201,7 +202,7 @@ def _batch_shift_table(model: NeuralCostModel, rows: list[dict], seed: int) -> N
     if not rows:
         return
     rows = kernel_rows(rows, pooled=True)
-    _, _, test = split_by_group(load_compute_data(rows, reads_batch=True).group, seed)
+    _, _, test = split_by_group(np.asarray([r["group"] for r in rows]), seed)  # as load_compute_data groups them
     tested = [r for r, keep in zip(rows, test) if keep]
     truth = torch.tensor([r["fwd_ms"] + r["bwd_ms"] for r in tested], dtype=torch.float64)
     for label, priced_by in (("through its batch shift", model), (f"linear from {model.batch_size:,}", model.without_batch_shift())):

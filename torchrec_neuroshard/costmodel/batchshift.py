@@ -101,8 +101,5 @@ def shifted_log_ms(
     embedded = net.table(norm(base_x))  # [S, embed]
     if shift is not None:
         embedded = embedded + shift.move(base_x, x[:, -1])
-    pooled = torch.zeros(len(batch_sizes), embedded.shape[1]).index_add_(0, sample, embedded)  # [N, embed]
-    count = torch.bincount(sample, minlength=len(batch_sizes)).to(embedded.dtype)  # [N]
-    stretch = (count / (stretch_beyond or math.inf)).clamp_min(1.0)[:, None]  # [N, 1]
     linear = torch.as_tensor(np.log(batch_sizes / reference_batch), dtype=embedded.dtype)  # [N]
-    return net.head(pooled / stretch) + stretch.log() + linear[:, None]
+    return net.pooled_log_ms(embedded, sample, len(batch_sizes), stretch_beyond) + linear[:, None]

@@ -81,12 +81,17 @@ class ComputeNet(nn.Module):
         return self.config.get("stretch_beyond")
 
     def forward(self, x: torch.Tensor, device_index: torch.Tensor, num_devices: int) -> torch.Tensor:
-        h = self.table(x)  # [S, embed]
+        return self.pooled_log_ms(self.table(x), device_index, num_devices, self.stretch_beyond)
+
+    def pooled_log_ms(self, h: torch.Tensor, device_index: torch.Tensor, num_devices: int, stretch_beyond: int | None) -> torch.Tensor:
+        """Log ms [N, 2] of devices from their shards' embeddings h [S, embed] (``table``'s,
+        moved by a batch shift where there is one): summed per device and read by the head,
+        a device of more than ``stretch_beyond`` shards as that many average ones (None: any sum)."""
         pooled = torch.zeros(num_devices, h.shape[1], dtype=h.dtype).index_add_(0, device_index, h)  # [N, embed]
-        if self.stretch_beyond is None:
+        if stretch_beyond is None:
             return self.head(pooled)
         count = torch.bincount(device_index, minlength=num_devices).to(h.dtype)  # [N]
-        stretch = (count / self.stretch_beyond).clamp_min(1.0)[:, None]  # [N, 1]
+        stretch = (count / stretch_beyond).clamp_min(1.0)[:, None]  # [N, 1]
         return self.head(pooled / stretch) + stretch.log()  # log of (the average kernel's ms x stretch)
 
 

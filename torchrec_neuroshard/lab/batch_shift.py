@@ -10,6 +10,8 @@ alone) and after the shift.
 
 from __future__ import annotations
 
+import copy
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -83,7 +85,8 @@ def with_batch_shift(
         ShiftNet(embed=int(kernel.net.config["embed"])), Normalizer.fit(data.subset(train).x), low,
         (int(batches.min()), int(batches.max())),
     )  # fmt: skip
-    shifted, linear = ShiftedKernel(kernel, shift), ShiftedKernel(kernel, None)
+    frozen = replace(kernel, net=copy.deepcopy(kernel.net).requires_grad_(False))  # no gradients computed for it
+    shifted, linear = ShiftedKernel(frozen, shift), ShiftedKernel(frozen, None)
     log = _fit(shifted, lambda d: _loss(shifted, d), data.subset(train), data.subset(val), epochs, seed, 64, 1e-3, 20, progress, "batch shift")
     tested = data.subset(test)
     scores = {"samples": len(tested), "mape_total_linear": _test_mape(linear, tested), "mape_total": _test_mape(shifted, tested)}

@@ -91,10 +91,11 @@ def fine_tune(
 def _shift_around(base: NeuralCostModel, batch_size: int) -> BatchShift | None:
     """The base's batch shift around the calibration kernels' ``batch_size``, where the
     tuned net will price without it (None without one): device pairs at other batches are
-    learned through it, frozen."""
+    learned through it, frozen (a copy: no gradients computed for it, the base's net untouched)."""
     if base.batch_shift is None:
         return None
-    return BatchShift.of(*base.batch_shift, {**base.meta["batch_shift"], "reference_batch": batch_size})
+    net, norm = base.batch_shift
+    return BatchShift.of(copy.deepcopy(net).requires_grad_(False), norm, {**base.meta["batch_shift"], "reference_batch": batch_size})
 
 
 def _stretching_net(base: NeuralCostModel) -> ComputeNet:
