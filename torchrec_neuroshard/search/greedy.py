@@ -135,9 +135,7 @@ def greedy_runs(
         if deadline is not None and time.perf_counter() >= deadline:
             return None
         if k in ends:
-            done, a = a[length[a] == k], a[length[a] > k]
-            p = placement[done]
-            end_fwd[done], end_bwd[done], end_dims[done] = held.fwd[p], held.bwd[p], held.dims[p]
+            a = _end_runs(held, placement, a[length[a] == k], (end_fwd, end_bwd, end_dims), a[length[a] > k])
         if not a.size:
             break
         p, kk = placement[a], order[k, a]
@@ -155,6 +153,14 @@ def greedy_runs(
             shared = len(p) < len(a)
         held.place(model, p * D + device, keys.emb[kk], width[kk], keys.size[kk])
     return Runs(_totals(model, died_at < 0, end_fwd, end_bwd, end_dims), assign.T, order.T, died_at, free_at_death)
+
+
+def _end_runs(held: Placements, placement: np.ndarray, done: np.ndarray, ends: tuple[np.ndarray, ...], active: np.ndarray) -> np.ndarray:
+    """Copy the per-device totals (fwd, bwd, dims: each [R, D]) of the runs ``done`` out of
+    their placements into ``ends``; the runs still placing (``active``) returned."""
+    for end, totals in zip(ends, (held.fwd, held.bwd, held.dims)):
+        end[done] = totals[placement[done]]
+    return active
 
 
 def _totals(model: CostModel, alive: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> np.ndarray:
