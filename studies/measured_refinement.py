@@ -7,6 +7,7 @@ plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
     taskset -c 1 python -m studies.measured_refinement measure --devices 8 --pool-seed 4 --rounds 2 --reference --copy --first-draw 6
     taskset -c 1 python -m studies.measured_refinement measure --devices 16 --pool-seed 4 --rounds 2 --reference --copy --first-draw 4 --plans-sha fa035adbcc68
     taskset -c 1 python -m studies.measured_refinement final --devices 16 --pool-seed 4 --plans-sha fa035adbcc68
+    taskset -c 1 python -m studies.measured_refinement refine --devices 32 --pool-seed 4 --seconds 600 --base neuroshard_shift
     python -m studies.measured_refinement report
 
 (the results' tasks: D = 8 and 16 on pools 2-4, D = 32 on pool 2). ``measure`` judges on
@@ -16,7 +17,7 @@ ids the refiner never timed unless ``--first-draw 0`` (its own: a selection on t
 holds the last run's final round (``lab.final_round``: each plan's slowest devices side by side).
 
 ``refine``: the stored NeuroShard plan of the task (``benchmarks/results/scale_planned``, the
-one the scale benchmark judged) refined on this machine as ``NeuroShardPlanner(refiner=
+one the scale benchmark judged; ``--base neuroshard_LABEL``: that model's plan) refined on this machine as ``NeuroShardPlanner(refiner=
 MeasuredRefiner(seconds=...))`` refines it, the refiner's log printed, the plan appended
 to ``results/measured_refinement_planned.jsonl.gz`` with its log lines (``log``: every device
 measured against predicted, every move tried). ``measure``: the refined plan beside
@@ -62,8 +63,11 @@ MOVE_TIMED = "measured refinement: table "
 """How the refiner's log line of a move it timed begins."""
 
 
-def refine(devices: int, pool_seed: int, seconds: float) -> None:
-    base = Plan.from_dict(latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)["neuroshard"]["plan"])
+def refine(devices: int, pool_seed: int, seconds: float, base_name: str = "neuroshard") -> None:
+    """The task's stored plan of ``base_name`` refined with the shipped model (a user's
+    ``NeuroShardPlanner(refiner=...)`` refines the plan of the model shipped now: a base
+    planned by another model file is refined as that plan, priced by the shipped one)."""
+    base = Plan.from_dict(latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)[base_name]["plan"])
     task, model = planning_model(devices, pool_seed)
     refiner = MeasuredRefiner(seconds=seconds)
     log = _Lines()
@@ -74,7 +78,7 @@ def refine(devices: int, pool_seed: int, seconds: float) -> None:
         logging.getLogger("torchrec_neuroshard").removeHandler(log)
     moved = sorted(p.table for p, q in zip(base.placements, plan.placements) if p != q)
     row = {
-        "pool_seed": pool_seed, "devices": devices, "planner": REFINED, "seconds": seconds, "draws": refiner.draws,
+        "pool_seed": pool_seed, "devices": devices, "planner": REFINED, "base": base_name, "seconds": seconds, "draws": refiner.draws,
         "rounds": refiner.rounds, "steady": refiner.steady, "early_stop": True, "pairs": refiner.pairs, "checks": refiner.checks, "moved": moved, "log": log.lines, "plan": plan.to_dict(),
     }  # fmt: skip
     append_rows(PLANNED, [row])
@@ -97,7 +101,13 @@ def _plans(devices: int, pool_seed: int, refined: dict | None = None) -> dict[st
     """The stored plans of ``PLANNERS`` and the refined plan of ``refined`` (a row of
     ``PLANNED``; None: the task's last)."""
     refined = refined or _refined_rows(pool_seed, devices)[-1]
-    return {**stored_plans(devices, pool_seed, PLANNERS), REFINED: Plan.from_dict(refined["plan"])}
+    planners = dict.fromkeys((*PLANNERS, base_of(refined)))
+    return {**stored_plans(devices, pool_seed, list(planners)), REFINED: Plan.from_dict(refined["plan"])}
+
+
+def base_of(refined: dict) -> str:
+    """The stored plan a refine step's row refined (rows before 2026-12-07 name none: neuroshard's)."""
+    return refined.get("base", "neuroshard")
 
 
 def _refined_rows(pool_seed: int, devices: int) -> list[dict]:
@@ -205,32 +215,33 @@ def _run_lines(run: _Run) -> list[str]:
         f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; plans built and timed in the {config.order} order; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
         f"Refined for {_budget(refined['seconds'], refined.get('early_stop', False), refined.get('pairs', 0), refined.get('checks', 0))}, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
-        f"tables moved: {', '.join(refined['moved']) or 'none'}.", "",
-        "| planner | compute ms | slowest / mean device | / neuroshard (90% interval) | / size_lookup | units fastest |",
+        f"refined plan: {base_of(refined)}'s; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
+        f"| planner | compute ms | slowest / mean device | / {base_of(refined)} (90% interval) | / size_lookup | units fastest |",
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, j in judged.items():
-        cells = [ratio_text(j, judged.get(other)) for other in ("neuroshard", "size_lookup")]
+        cells = [ratio_text(j, judged.get(other)) for other in (base_of(refined), "size_lookup")]
         lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
     if run.check:
         lines += ["", f"The judge against itself: neuroshard built and timed again, its copy / neuroshard {run.check}."]
     if run.final:
-        final, top = run.final, run.final["neuroshard"].times.shape[1]
+        base = base_of(refined)
+        final, top = run.final, run.final[base].times.shape[1]
         best = best_heuristic({n: j for n, j in final.items() if n != COPY})
         lines += ["", f"The final round (each plan's {top} slowest device{'s' if top > 1 else ''} by the passes, built together and timed side by side, "
-                  f"no reference; {final['neuroshard'].times.shape[0]} units): {REFINED} / neuroshard {ratio_text(final[REFINED], final['neuroshard'])}, "
+                  f"no reference; {final[base].times.shape[0]} units): {REFINED} / {base} {ratio_text(final[REFINED], final[base])}, "
                   f"copy / neuroshard {ratio_text(final.get(COPY), final['neuroshard']) if COPY in final else '-'}, "
-                  f"neuroshard / {best} {ratio_text(final['neuroshard'], final.get(best))}, {REFINED} / {best} {ratio_text(final[REFINED], final.get(best))}."]  # fmt: skip
+                  f"{base} / {best} {ratio_text(final[base], final.get(best))}, {REFINED} / {best} {ratio_text(final[REFINED], final.get(best))}."]  # fmt: skip
     return lines + [""]
 
 
 def _summary_cells(run: _Run) -> list[str]:
     """A judged run's cells of the summary table (see ``report``)."""
     judged = run.judged
-    before = {p.table: p for p in run.plans["neuroshard"].placements}
+    before = {p.table: p for p in run.plans[base_of(run.refined)].placements}
     halved = sum(len(p.widths) > len(before[p.table].widths) for p in run.plans[REFINED].placements)
     best, torchrec = best_heuristic(judged), judged.get("torchrec_timeout")
-    refined, unrefined = judged[REFINED], judged["neuroshard"]
+    refined, unrefined = judged[REFINED], judged[base_of(run.refined)]
     return [
         _moves_timed(run.refined),
         f"{len(run.refined['moved'])} ({halved})", ratio_text(refined, unrefined),
@@ -264,10 +275,10 @@ def _error_cells(run: _Run, task: Task, model: CostModel) -> list[str]:
     level = float(np.median(np.concatenate([j.per_device / predicted[n] for n, j in judged.items()])))
     mape = {n: float(np.mean(np.abs(predicted[n] * level / j.per_device - 1))) for n, j in judged.items()}
     rank = {n: rank_correlation(predicted[n].tolist(), j.per_device.tolist()) for n, j in judged.items()}
-    itself = [j.passes_agree for j in judged.values()]
+    itself, base = [j.passes_agree for j in judged.values()], base_of(run.refined)
     return [
-        f"{level:.2f}", f"{100 * mape['neuroshard']:.1f}%", f"{100 * mape[REFINED]:.1f}%", f"{100 * float(np.mean(list(mape.values()))):.1f}%",
-        f"{rank['neuroshard']:.2f}", f"{rank[REFINED]:.2f}", f"{float(np.median(list(rank.values()))):.2f}", f"{float(np.median(itself)):.2f}",
+        f"{level:.2f}", f"{100 * mape[base]:.1f}%", f"{100 * mape[REFINED]:.1f}%", f"{100 * float(np.mean(list(mape.values()))):.1f}%",
+        f"{rank[base]:.2f}", f"{rank[REFINED]:.2f}", f"{float(np.median(list(rank.values()))):.2f}", f"{float(np.median(itself)):.2f}",
     ]  # fmt: skip
 
 
@@ -286,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     p.add_argument("--top", type=int, default=2, help="final: each plan's slowest devices timed side by side (benchmarks.scale final_round)")
     p.add_argument("--final-rounds", type=int, default=6, help="final: rounds a draw")
+    p.add_argument("--base", default="neuroshard", help="refine: the stored plan of benchmarks.scale to refine (neuroshard_LABEL: that model's plan)")
     p.add_argument("--plans-sha", help="measure: the plans of this earlier judged run (the report's 'plans SHA'), not the task's last refined plan")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -293,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     with threadpool_limits(limits=1), cpu_threads(1):
         if args.step == "refine":
-            refine(args.devices, args.pool_seed, args.seconds)
+            refine(args.devices, args.pool_seed, args.seconds, args.base)
         elif args.step == "final":
             refined = _refined_row(args.pool_seed, args.devices, args.plans_sha) if args.plans_sha else None
             final_round(args.devices, args.pool_seed, _plans(args.devices, args.pool_seed, refined), args.top, MEASURED, args.final_rounds)
