@@ -192,7 +192,8 @@ def report() -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(f"| {pool} | {d} | {seen} | {_budget(*key[3:])} | " + " | ".join(cells) + " |" for key, cells in sorted(last.items()) for pool, d, seen in [key[:3]]),
         "", "## The shipped model against the judged devices, every task's last run", "",
-        "The model that planned (`cpu.pt`, collectives priced by the links) prices each device of the plans; the judge's "
+        "The shipped `cpu.pt` as of the report (collectives priced by the links; the model that planned runs before "
+        "2026-12-07 was the `cpu.pt` of then, and their error is the file of now's) prices each device of the plans; the judge's "
         "median per device (steadied) is the measurement. Level: measured / predicted, the median over every device of "
         "every plan of the run; MAPE: per device, the prediction times that level against the measurement; rank "
         "correlation: within a plan, predicted against measured; the measurement against itself: the judge's first pass "
