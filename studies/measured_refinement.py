@@ -10,7 +10,7 @@ plan faster on the hardware? One held-out task of ``benchmarks.scale``, judged.
     taskset -c 1 python -m studies.measured_refinement refine --devices 32 --pool-seed 4 --seconds 600 --base neuroshard_shift
     python -m studies.measured_refinement report
 
-(the results' tasks: D = 8 and 16 on pools 2-4, D = 32 on pool 2). ``measure`` judges on
+(the results' tasks: D = 8 and 16 on pools 2-4, D = 32 on pools 2 and 4). ``measure`` judges on
 ids the refiner never timed unless ``--first-draw 0`` (its own: a selection on the noise);
 ``--copy`` times NeuroShard's plan a second time, built again: the run's A/A check;
 ``--plans-sha`` judges an earlier run's plans again (an earlier refined plan); ``final``
@@ -101,11 +101,11 @@ def _plans(devices: int, pool_seed: int, refined: dict | None = None) -> dict[st
     """The stored plans of ``PLANNERS`` and the refined plan of ``refined`` (a row of
     ``PLANNED``; None: the task's last)."""
     refined = refined or _refined_rows(pool_seed, devices)[-1]
-    planners = dict.fromkeys((*PLANNERS, base_of(refined)))
+    planners = dict.fromkeys((*PLANNERS, _base_of(refined)))
     return {**stored_plans(devices, pool_seed, list(planners)), REFINED: Plan.from_dict(refined["plan"])}
 
 
-def base_of(refined: dict) -> str:
+def _base_of(refined: dict) -> str:
     """The stored plan a refine step's row refined (rows before 2026-12-07 name none: neuroshard's)."""
     return refined.get("base", "neuroshard")
 
@@ -216,17 +216,17 @@ def _run_lines(run: _Run) -> list[str]:
         f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; plans built and timed in the {config.order} order; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
         f"Refined for {_budget(refined['seconds'], refined.get('early_stop', False), refined.get('pairs', 0), refined.get('checks', 0))}, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
-        f"refined plan: {base_of(refined)}'s; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
-        f"| planner | compute ms | slowest / mean device | / {base_of(refined)} (90% interval) | / size_lookup | units fastest |",
+        f"refined plan: {_base_of(refined)}'s; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
+        f"| planner | compute ms | slowest / mean device | / {_base_of(refined)} (90% interval) | / size_lookup | units fastest |",
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, j in judged.items():
-        cells = [ratio_text(j, judged.get(other)) for other in (base_of(refined), "size_lookup")]
+        cells = [ratio_text(j, judged.get(other)) for other in (_base_of(refined), "size_lookup")]
         lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
     if run.check:
         lines += ["", f"The judge against itself: neuroshard built and timed again, its copy / neuroshard {run.check}."]
     if run.final:
-        base = base_of(refined)
+        base = _base_of(refined)
         final, top = run.final, run.final[base].times.shape[1]
         best = best_heuristic({n: j for n, j in final.items() if n != COPY})
         lines += ["", f"The final round (each plan's {top} slowest device{'s' if top > 1 else ''} by the passes, built together and timed side by side, "
@@ -239,10 +239,10 @@ def _run_lines(run: _Run) -> list[str]:
 def _summary_cells(run: _Run) -> list[str]:
     """A judged run's cells of the summary table (see ``report``)."""
     judged = run.judged
-    before = {p.table: p for p in run.plans[base_of(run.refined)].placements}
+    before = {p.table: p for p in run.plans[_base_of(run.refined)].placements}
     halved = sum(len(p.widths) > len(before[p.table].widths) for p in run.plans[REFINED].placements)
     best, torchrec = best_heuristic(judged), judged.get("torchrec_timeout")
-    refined, unrefined = judged[REFINED], judged[base_of(run.refined)]
+    refined, unrefined = judged[REFINED], judged[_base_of(run.refined)]
     return [
         _moves_timed(run.refined),
         f"{len(run.refined['moved'])} ({halved})", ratio_text(refined, unrefined),
@@ -276,7 +276,7 @@ def _error_cells(run: _Run, task: Task, model: CostModel) -> list[str]:
     level = float(np.median(np.concatenate([j.per_device / predicted[n] for n, j in judged.items()])))
     mape = {n: float(np.mean(np.abs(predicted[n] * level / j.per_device - 1))) for n, j in judged.items()}
     rank = {n: rank_correlation(predicted[n].tolist(), j.per_device.tolist()) for n, j in judged.items()}
-    itself, base = [j.passes_agree for j in judged.values()], base_of(run.refined)
+    itself, base = [j.passes_agree for j in judged.values()], _base_of(run.refined)
     return [
         f"{level:.2f}", f"{100 * mape[base]:.1f}%", f"{100 * mape[REFINED]:.1f}%", f"{100 * float(np.mean(list(mape.values()))):.1f}%",
         f"{rank[base]:.2f}", f"{rank[REFINED]:.2f}", f"{float(np.median(list(rank.values()))):.2f}", f"{float(np.median(itself)):.2f}",
