@@ -159,6 +159,11 @@ class _Run:
         return _Run(pool_seed, devices, sha, rows[0]["cpu"], config, judged, refined, plans, copy_text(rows, devices), final)
 
     @property
+    def base(self) -> str:
+        """The stored plan the run's refined plan was refined from."""
+        return _base_of(self.refined)
+
+    @property
     def ids(self) -> str:
         """Which ids the run timed: the refiner's own (it timed draws 0 on, of the same seed) or others."""
         return "the refiner's own" if self.config.first_draw < self.refined.get("draws", 1) else "unseen by the refiner"
@@ -210,23 +215,22 @@ def report() -> str:
 
 def _run_lines(run: _Run) -> list[str]:
     """One judged run's section: how its plan was refined, and every plan's measurement."""
-    config, judged, refined = run.config, run.judged, run.refined
+    config, judged, refined, base = run.config, run.judged, run.refined, run.base
     won = wins(judged)
     lines = [
         f"## Pool {run.pool_seed}, D = {run.devices} (plans {run.sha}; measured on {run.cpu}; {config.units} units{', steadied by a reference' if config.reference else ''}; plans built and timed in the {config.order} order; ids: draws {config.first_draw}-{config.first_draw + config.draws - 1}, {run.ids})", "",
         f"Refined for {_budget(refined['seconds'], refined.get('early_stop', False), refined.get('pairs', 0), refined.get('checks', 0))}, each device and move timed on {refined.get('draws', 1)} draw(s) of ids, "
         f"{refined.get('rounds', 3)} rounds each{', steadied by a reference' if refined.get('steady') else ''}; "
-        f"refined plan: {_base_of(refined)}'s; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
-        f"| planner | compute ms | slowest / mean device | / {_base_of(refined)} (90% interval) | / size_lookup | units fastest |",
+        f"refined plan: {base}'s; tables moved: {', '.join(refined['moved']) or 'none'}.", "",
+        f"| planner | compute ms | slowest / mean device | / {base} (90% interval) | / size_lookup | units fastest |",
         "|---|---|---|---|---|---|",
     ]  # fmt: skip
     for name, j in judged.items():
-        cells = [ratio_text(j, judged.get(other)) for other in (_base_of(refined), "size_lookup")]
+        cells = [ratio_text(j, judged.get(other)) for other in (base, "size_lookup")]
         lines.append(f"| {name} | {j.compute_ms:.1f} | {j.imbalance:.2f} | {cells[0]} | {cells[1]} | {won.get(name, 0)} of {config.units} |")
     if run.check:
         lines += ["", f"The judge against itself: neuroshard built and timed again, its copy / neuroshard {run.check}."]
     if run.final:
-        base = _base_of(refined)
         final, top = run.final, run.final[base].times.shape[1]
         best = best_heuristic({n: j for n, j in final.items() if n != COPY})
         lines += ["", f"The final round (each plan's {top} slowest device{'s' if top > 1 else ''} by the passes, built together and timed side by side, "
@@ -239,10 +243,10 @@ def _run_lines(run: _Run) -> list[str]:
 def _summary_cells(run: _Run) -> list[str]:
     """A judged run's cells of the summary table (see ``report``)."""
     judged = run.judged
-    before = {p.table: p for p in run.plans[_base_of(run.refined)].placements}
+    before = {p.table: p for p in run.plans[run.base].placements}
     halved = sum(len(p.widths) > len(before[p.table].widths) for p in run.plans[REFINED].placements)
     best, torchrec = best_heuristic(judged), judged.get("torchrec_timeout")
-    refined, unrefined = judged[REFINED], judged[_base_of(run.refined)]
+    refined, unrefined = judged[REFINED], judged[run.base]
     return [
         _moves_timed(run.refined),
         f"{len(run.refined['moved'])} ({halved})", ratio_text(refined, unrefined),
@@ -276,7 +280,7 @@ def _error_cells(run: _Run, task: Task, model: CostModel) -> list[str]:
     level = float(np.median(np.concatenate([j.per_device / predicted[n] for n, j in judged.items()])))
     mape = {n: float(np.mean(np.abs(predicted[n] * level / j.per_device - 1))) for n, j in judged.items()}
     rank = {n: rank_correlation(predicted[n].tolist(), j.per_device.tolist()) for n, j in judged.items()}
-    itself, base = [j.passes_agree for j in judged.values()], _base_of(run.refined)
+    itself, base = [j.passes_agree for j in judged.values()], run.base
     return [
         f"{level:.2f}", f"{100 * mape[base]:.1f}%", f"{100 * mape[REFINED]:.1f}%", f"{100 * float(np.mean(list(mape.values()))):.1f}%",
         f"{rank[base]:.2f}", f"{rank[REFINED]:.2f}", f"{float(np.median(list(rank.values()))):.2f}", f"{float(np.median(itself)):.2f}",

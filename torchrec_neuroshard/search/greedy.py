@@ -135,7 +135,7 @@ def greedy_runs(
         if deadline is not None and time.perf_counter() >= deadline:
             return None
         if k in ends:
-            a = _end_runs(held, placement, a[length[a] == k], (end_fwd, end_bwd, end_dims), a[length[a] > k])
+            a = _finish_runs(held, placement, a, length[a] == k, (end_fwd, end_bwd, end_dims))
         if not a.size:
             break
         p, kk = placement[a], order[k, a]
@@ -155,12 +155,14 @@ def greedy_runs(
     return Runs(_totals(model, died_at < 0, end_fwd, end_bwd, end_dims), assign.T, order.T, died_at, free_at_death)
 
 
-def _end_runs(held: Placements, placement: np.ndarray, done: np.ndarray, ends: tuple[np.ndarray, ...], active: np.ndarray) -> np.ndarray:
-    """Copy the per-device totals (fwd, bwd, dims: each [R, D]) of the runs ``done`` out of
-    their placements into ``ends``; the runs still placing (``active``) returned."""
+def _finish_runs(held: Placements, placement: np.ndarray, active: np.ndarray, finished: np.ndarray, ends: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The ``active`` runs [A] that ``finished`` ([A] bool: placed their last shard) have their
+    per-device totals (fwd, bwd, dims: each [R, D]) copied out of their placements into
+    ``ends``; the active runs still placing returned."""
+    done = active[finished]
     for end, totals in zip(ends, (held.fwd, held.bwd, held.dims)):
         end[done] = totals[placement[done]]
-    return active
+    return active[~finished]
 
 
 def _totals(model: CostModel, alive: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, dims: np.ndarray) -> np.ndarray:
