@@ -67,7 +67,10 @@ def refine(devices: int, pool_seed: int, seconds: float, base_name: str = "neuro
     """The task's stored plan of ``base_name`` refined with the shipped model (a user's
     ``NeuroShardPlanner(refiner=...)`` refines the plan of the model shipped now: a base
     planned by another model file is refined as that plan, priced by the shipped one)."""
-    base = Plan.from_dict(latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)[base_name]["plan"])
+    stored = latest_plans(read_rows(SCALE_PLANNED), pool_seed, devices)
+    if stored.get(base_name, {}).get("status") != "ok":
+        raise ValueError(f"--base {base_name}: no stored plan of pool {pool_seed}, D = {devices} in {SCALE_PLANNED}; plan it first (python -m benchmarks.scale plan --devices {devices} --pool-seeds {pool_seed} --planners {base_name})")
+    base = Plan.from_dict(stored[base_name]["plan"])
     task, model = planning_model(devices, pool_seed)
     refiner = MeasuredRefiner(seconds=seconds)
     log = _Lines()
