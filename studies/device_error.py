@@ -29,7 +29,7 @@ from benchmarks.scale import planning_model
 from benchmarks.scale_report import MEASURED, PLANNED, cpu_label, judged_task, last_judged, latest_plans
 from torchrec_neuroshard.costmodel import model_named
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.width_correction import mean_width, priced_pairs
+from torchrec_neuroshard.lab.kernel_correction import mean_width, priced_pairs
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 from torchrec_neuroshard.search import predicted_breakdown
 from torchrec_neuroshard.types import Plan, Shard, ShardingKind
@@ -71,8 +71,8 @@ def pair_differences(path: str, rows: list[dict]) -> tuple[np.ndarray, np.ndarra
     """Each whole pair's difference (first member less second) of the error (log measured
     / priced by ``path``) [P] and of the holdings [P, 3]."""
     pairs = priced_pairs(model_named(path), rows)
-    errors = [error[0] - error[1] for _, error in pairs]
-    held = [holdings(shards[0]) - holdings(shards[1]) for shards, _ in pairs]
+    errors = [error[0] - error[1] for _, error, _ in pairs]
+    held = [holdings(shards[0]) - holdings(shards[1]) for shards, _, _ in pairs]
     return np.array(errors), np.array(held)
 
 

@@ -72,7 +72,7 @@ def test_every_derived_model_and_the_model_file_keep_the_shift(shifted, tmp_path
     derived.append(NeuralCostModel.load(tmp_path / "m.pt"))
     for model in derived:
         assert model.batch_shift is not None and model.kernel_ms(shards, batch) == want
-    assert torch.load(tmp_path / "m.pt", weights_only=True)["format_version"] == FORMAT_VERSION == 6
+    assert torch.load(tmp_path / "m.pt", weights_only=True)["format_version"] == FORMAT_VERSION >= 6  # the shift came in 6
 
 
 @pytest.mark.slow

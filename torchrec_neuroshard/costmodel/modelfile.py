@@ -23,16 +23,19 @@ from torchrec_neuroshard.types import ShardingError
 
 FEATURE_VERSION = 1
 MODEL_FORMAT = "torchrec-neuroshard/costmodel"
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 """1: compute and comm nets always present. 2: the comm net is optional (a model measured on
 one GPU has none) and ``meta["hardware"]`` records the core count of a CPU. 3: an optional
 second compute net for the unpooled (sequence, EmbeddingCollection) kernel. 4: a compute
 net may read the batch (``reads_batch`` in its config, ``BATCH_FEATURE`` after the shard
 features, ``batch_sizes_trained`` in its meta); older files read as nets that do not. 5: an
-optional ``meta["width_correction"]`` (``nets.WidthCorrection``) that multiplies the pooled
+optional ``meta["width_correction"]`` (``nets.KernelCorrection``'s width form) that multiplies the pooled
 kernel's price; a reader before it would price without it. 6: an optional batch shift of
 the pooled kernel (``costmodel.batchshift``: ``batch_shift_state``, ``batch_shift_norm``,
-``meta["batch_shift"]``); a reader before it would price other batches without it. The meta also
+``meta["batch_shift"]``); a reader before it would price other batches without it. 7:
+``meta["kernel_correction"]`` (``nets.KernelCorrection``: a form, ``"width"`` as version 5's
+``meta["width_correction"]``, which it still reads, or ``"work"``); a reader before it would
+price without it. The meta also
 records each compute net's ``feature_range``, added without a new version: older readers
 ignore it, and files without it load with a warning."""
 

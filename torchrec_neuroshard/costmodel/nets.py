@@ -123,30 +123,45 @@ def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.
     return x
 
 
-@dataclass(frozen=True)
-class WidthCorrection:
-    """A kernel's price multiplied by (its lookup-weighted mean width / ``reference``) **
-    ``slope``, the mean width being sum(pooling factor x width) / sum(pooling factor) over
-    its shards: where the net underprices kernels whose lookups read wide rows (fitted on
-    kernels timed in pairs, ``lab.width_correction``). ``meta["width_correction"]``."""
+CORRECTION_FORMS = ("width", "work")
 
+
+@dataclass(frozen=True)
+class KernelCorrection:
+    """A kernel's price multiplied by (x / ``reference``) ** ``slope``, where the net
+    misprices kernels by what their lookups read (fitted on kernels timed in pairs,
+    ``lab.kernel_correction``; ``meta["kernel_correction"]``). By ``form``, x is the
+    kernel's
+    - "width": lookup-weighted mean width, sum(pooling factor x width) / sum(pooling factor);
+    - "work": lookups per ms as the nets price it, sum(pooling factor x width) / price (at
+      the net's own batch): a slope of 1 prices kernels by their lookups alone, 0 by the
+      net alone, and between them a geometric blend of the two."""
+
+    form: str
     slope: float
     reference: float
 
     def __post_init__(self) -> None:
+        if self.form not in CORRECTION_FORMS:
+            raise ValueError(f"KernelCorrection(form={self.form!r}): give one of {CORRECTION_FORMS}")
         if not (np.isfinite(self.slope) and np.isfinite(self.reference) and self.reference > 0):
-            raise ValueError(f"WidthCorrection(slope={self.slope}, reference={self.reference}): give a finite slope and a positive reference width")
+            raise ValueError(f"KernelCorrection(slope={self.slope}, reference={self.reference}): give a finite slope and a positive reference")
 
     @staticmethod
-    def from_meta(meta: dict[str, Any]) -> "WidthCorrection | None":
-        stored = meta.get("width_correction")
-        return WidthCorrection(float(stored["slope"]), float(stored["reference"])) if stored is not None else None
+    def from_meta(meta: dict[str, Any]) -> "KernelCorrection | None":
+        """The correction ``meta`` records; a file of format 5 or 6 named its width correction
+        ``"width_correction"``."""
+        stored = meta.get("kernel_correction")
+        if stored is None and "width_correction" in meta:
+            stored = {"form": "width", **meta["width_correction"]}
+        return KernelCorrection(str(stored["form"]), float(stored["slope"]), float(stored["reference"])) if stored is not None else None
 
-    def factor(self, lookups: np.ndarray, pooling: np.ndarray) -> np.ndarray:
+    def factor(self, lookups: np.ndarray, pooling: np.ndarray, price: np.ndarray) -> np.ndarray:
         """[N, 1] each kernel's multiplier from its summed pooling factor x width and pooling
-        factors [N, 1] each (1 where it has no lookups)."""
-        mean_width = np.where(pooling > 0, lookups / np.maximum(pooling, 1e-30), self.reference)
-        return (mean_width / self.reference) ** self.slope
+        factors and its total ms as the nets price it [N, 1] each (1 where it has no lookups)."""
+        denominator = pooling if self.form == "width" else price
+        x = np.where(denominator > 0, lookups / np.maximum(denominator, 1e-30), self.reference)
+        return (np.maximum(x, 1e-30) / self.reference) ** self.slope
 
 
 @dataclass(frozen=True)
@@ -154,7 +169,7 @@ class KernelNet:
     """A compute net with the normaliser of its features and what it was trained on (the
     largest kernel, the weight bytes, the range of its features, None for a model file
     written before ranges were recorded, the smallest and largest global batch), and the
-    correction of its price by the kernel's mean width where one was fitted, and the shift
+    correction of its price by what the kernel's lookups read where one was fitted, and the shift
     of its shards' embeddings with the batch where one was learned (``batchshift``): the
     model of one TorchRec kernel kind."""
 
@@ -164,7 +179,7 @@ class KernelNet:
     bytes_per_element_trained: tuple[int, ...]
     trained_range: FeatureRange | None
     batch_sizes_trained: tuple[int, int]
-    width_correction: WidthCorrection | None = None
+    correction: KernelCorrection | None = None
     batch_shift: BatchShift | None = None
 
     def __post_init__(self) -> None:
@@ -185,7 +200,7 @@ class KernelNet:
         return KernelNet(
             net.eval(), norm, meta.get("max_tables_per_kernel"), tuple(meta.get("bytes_per_element_trained", [4])),
             FeatureRange.from_state(stored) if stored is not None else None, (int(low), int(high)),
-            WidthCorrection.from_meta(meta), batch_shift,
+            KernelCorrection.from_meta(meta), batch_shift,
         )  # fmt: skip
 
     def batch_factor(self, batch_size: int) -> float:
@@ -258,7 +273,7 @@ class KernelNet:
         to the net's embedding of the shard as ``priced``, moved by the batch shift where there is
         one | the (forward, backward) ms its
         copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
-        the trained range | with a width correction, its pooling factor x width and its
+        the trained range | with a correction, its pooling factor x width and its
         pooling factor | 1]. The head pools the embeddings by summing and its first
         layer is linear, so that layer commutes with the pooling: it is applied once per
         shard here, and a device's cost is the rest of the head (``cost``). Pooled over a
@@ -275,14 +290,14 @@ class KernelNet:
         if beyond.any():
             extra[beyond] = np.exp(self._rest_of_head(lifted[beyond])) * (copies[beyond, None] - 1)
         parts = [lifted, extra]
-        if self.width_correction is not None:
+        if self.correction is not None:
             pooling = np.asarray([s.table.pooling_factor for s in shards], dtype=emb.dtype)  # [S]
             parts.append(np.stack([pooling * np.asarray([s.width for s in shards], dtype=emb.dtype), pooling], axis=1))  # [S, 2]
         return np.concatenate([*parts, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
 
     def cost(self, pooled: np.ndarray) -> np.ndarray:
         """(forward, backward) ms [N, 2] of N kernels from pooled ``embed`` rows [N, width];
-        0 for a kernel of no shards; times the width correction's factor where there is one.
+        0 for a kernel of no shards; times the correction's factor where there is one.
 
         A kernel fusing n shards, more than the ``max_tables_per_kernel`` K it was trained
         on, is priced as n / K kernels of K average shards: linear in its work beyond the
@@ -296,8 +311,8 @@ class KernelNet:
             out = np.exp(self._rest_of_head(lifted / stretch)) * stretch + extra
         else:  # every kernel within the trained size (the search's hot path)
             out = np.exp(self._rest_of_head(lifted)) + extra
-        if self.width_correction is not None:
-            out = out * self.width_correction.factor(pooled[:, -3:-2], pooled[:, -2:-1])
+        if self.correction is not None:
+            out = out * self.correction.factor(pooled[:, -3:-2], pooled[:, -2:-1], out.sum(1, keepdims=True))
         return np.where(count > 0, out, 0.0)
 
     def _rest_of_head(self, lifted: np.ndarray) -> np.ndarray:
@@ -315,4 +330,4 @@ class KernelNet:
     @property
     def width(self) -> int:
         """Columns of an ``embed`` row."""
-        return int(self.net.config["hidden"]) + 3 + (2 if self.width_correction is not None else 0)
+        return int(self.net.config["hidden"]) + 3 + (2 if self.correction is not None else 0)

@@ -133,7 +133,8 @@ def _tuned_meta(
     base_range = base.pooled_kernel.trained_range
     meta["feature_range"] = (tuned if base_range is None else base_range.union(tuned)).state()
     meta.pop("test", None)  # the base's test split is another machine's
-    meta.pop("width_correction", None)  # fitted to the base's nets, not these
+    meta.pop("kernel_correction", None)  # fitted to the base's nets, not these
+    meta.pop("width_correction", None)
     meta.pop("hardware_note", None)
     if "batch_shift" in meta:  # the base's shift moves shards off the batch the net is now tuned at
         meta["batch_shift"] = {**meta["batch_shift"], "reference_batch": meta["batch_sizes_trained"][0]}

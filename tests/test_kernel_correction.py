@@ -1,0 +1,129 @@
+"""The correction of a kernel's price by what its lookups read (``costmodel.nets.KernelCorrection``),
+how the search prices devices with it, and its fit on device pairs (``lab.kernel_correction``)."""
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
+from torchrec_neuroshard.costmodel.nets import KernelCorrection
+from torchrec_neuroshard.lab.collect import append_rows, shard_record
+from torchrec_neuroshard.lab.kernel_correction import correction_input, fit, lookups, mean_width, read_pairs, without_correction
+from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool, table_spec
+from torchrec_neuroshard.search import predicted_breakdown
+from torchrec_neuroshard.heuristics import baseline_plan
+from torchrec_neuroshard.types import Shard
+
+BATCH = 4096
+
+
+@functools.cache
+def plain_model() -> NeuralCostModel:
+    return load_pretrained("cpu")
+
+
+@pytest.fixture(scope="module")
+def plain() -> NeuralCostModel:
+    return plain_model()
+
+
+def corrected(model: NeuralCostModel, slope: float, reference: float, form: str = "width") -> NeuralCostModel:
+    meta = {**model.meta, "kernel_correction": {"form": form, "slope": slope, "reference": reference}}
+    return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
+
+
+def kernels(count: int, seed: int) -> list[list[Shard]]:
+    """``count`` kernels of 16-40 tables of the training pool, each of a width of 8-128."""
+    pool, rng = synthetic_pool(), np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        picked = rng.choice(len(pool), size=int(rng.integers(16, 41)), replace=False)
+        widths = rng.choice([8, 16, 32, 64, 128], size=len(picked))
+        out.append([Shard(table_spec(pool[i], int(w), WorkloadScale()), int(w)) for i, w in zip(picked, widths)])
+    return out
+
+
+def test_a_correction_multiplies_a_kernels_price_by_its_mean_width_over_the_reference(plain) -> None:
+    shards = kernels(1, 0)[0]
+    width = mean_width(shards)
+    base = plain.kernel_ms(shards, BATCH)
+    assert corrected(plain, 0.3, width).kernel_ms(shards, BATCH) == pytest.approx(base, rel=1e-5)
+    assert corrected(plain, 0.3, width / 2).kernel_ms(shards, BATCH) == pytest.approx(base * 2**0.3, rel=1e-5)
+    assert corrected(plain, 0.0, 7.0).kernel_ms(shards, BATCH) == pytest.approx(base, rel=1e-5)
+    with pytest.raises(ValueError, match="positive reference"):
+        KernelCorrection("width", 0.1, 0.0)
+    with pytest.raises(ValueError, match="form='depth'"):
+        KernelCorrection("depth", 0.1, 1.0)
+
+
+def test_a_work_correction_blends_the_nets_price_with_the_kernels_lookups(plain) -> None:
+    """(lookups / price / reference) ** slope: slope 1 prices kernels by their lookups alone,
+    so two kernels' prices are in the ratio of their lookups; at the reference the price stays."""
+    first, second = kernels(2, 4)
+    rate = lookups(first) / plain.kernel_ms(first, BATCH)
+    assert correction_input(plain, "work", first, BATCH) == pytest.approx(rate, rel=1e-6)
+    assert corrected(plain, 0.4, rate, "work").kernel_ms(first, BATCH) == pytest.approx(plain.kernel_ms(first, BATCH), rel=1e-5)
+    by_lookups = corrected(plain, 1.0, 100.0, "work")
+    assert by_lookups.kernel_ms(first, BATCH) / by_lookups.kernel_ms(second, BATCH) == pytest.approx(lookups(first) / lookups(second), rel=1e-5)
+    assert by_lookups.kernel_ms(first, BATCH) == pytest.approx(lookups(first) / 100.0, rel=1e-5)
+
+
+def test_a_file_of_format_5_reads_its_width_correction(plain) -> None:
+    meta = {**plain.meta, "width_correction": {"slope": 0.3, "reference": 20.0}}
+    old = NeuralCostModel(plain.compute_net, plain.compute_norm, plain.comm, meta, plain.batch_scale, plain.sequence)
+    shards = kernels(1, 6)[0]
+    assert old.kernel_ms(shards, BATCH) == pytest.approx(corrected(plain, 0.3, 20.0).kernel_ms(shards, BATCH), rel=1e-6)
+    assert without_correction(old).kernel_ms(shards, BATCH) == pytest.approx(plain.kernel_ms(shards, BATCH), rel=1e-6)
+
+
+@pytest.mark.parametrize("form,reference", [("width", 40.0), ("work", 300.0)])
+def test_the_search_prices_each_device_of_a_plan_as_a_kernel_of_its_shards_with_the_correction(plain, form, reference) -> None:
+    """Devices' embeddings are summed before the head (the search's pooled rows): the
+    correction's lookup columns sum with them, so a device is priced as its kernel."""
+    task = generate_task(synthetic_pool(), 40, 4, WorkloadScale(), seed=3)
+    model = corrected(plain, 0.25, reference, form).with_batch_size(task.batch_size)
+    plan = baseline_plan("size", task)
+    _, devices = predicted_breakdown(model, task, plan)
+    _, before = predicted_breakdown(plain.with_batch_size(task.batch_size), task, plan)
+    for d, shards in enumerate(plan.device_shards(task.tables)):
+        assert devices[d].compute == pytest.approx(model.kernel_ms(shards, task.batch_size), rel=1e-4)
+        x = mean_width(shards) if form == "width" else lookups(shards) / before[d].compute
+        assert devices[d].compute / before[d].compute == pytest.approx((x / reference) ** 0.25, rel=1e-4)
+
+
+def pair_rows(form: str, seed: int, slope: float = 0.2) -> list[dict]:
+    """12 pairs of kernels timed at the nets' price x (x / 32) ** ``slope`` (x: ``form``'s
+    quantity) x a level that drifts from pair to pair, as device-pair rows."""
+    rng, reference = np.random.default_rng(seed), {"width": 32.0, "work": 300.0}[form]
+    rows = []
+    for pair, members in enumerate(zip(*[iter(kernels(24, seed))] * 2)):
+        drift = float(rng.uniform(0.5, 2.0))
+        for member, shards in enumerate(members):
+            x = correction_input(plain_model(), form, shards, BATCH)
+            ms = plain_model().kernel_ms(shards, BATCH) * (x / reference) ** slope * drift
+            rows.append({"pair": pair, "pair_member": member, "batch_size": BATCH, "shards": [shard_record(s) for s in shards], "fwd_ms": ms / 3, "bwd_ms": 2 * ms / 3})
+    return rows
+
+
+@pytest.mark.parametrize("form", ["width", "work"])
+def test_the_fit_recovers_the_law_under_a_drift_that_each_pair_shares(plain, form, tmp_path: Path) -> None:
+    """The fit reads the slope within pairs, and the model file keeps the correction."""
+    model, record = fit(corrected(plain, -1.0, 10.0, form), pair_rows(form, 1), form)  # a correction already there is refitted, not compounded
+    assert record["form"] == form and record["slope"] == pytest.approx(0.2, abs=1e-3) and record["pairs"] == 12
+    assert record["pair_error_sd"]["after"] < 1e-3 < record["pair_error_sd"]["before"]
+    model.save(tmp_path / "corrected.pt")
+    loaded = NeuralCostModel.load(tmp_path / "corrected.pt")
+    shards = kernels(1, 5)[0]
+    assert loaded.kernel_ms(shards, BATCH) == pytest.approx(model.kernel_ms(shards, BATCH), rel=1e-6)
+    assert without_correction(loaded).kernel_ms(shards, BATCH) == pytest.approx(plain.kernel_ms(shards, BATCH), rel=1e-6)
+
+
+def test_pairs_of_two_files_stay_apart(plain, tmp_path: Path) -> None:
+    """Each file numbers its pairs from 0: read together, pair 3 of one is not pair 3 of the other."""
+    paths = [tmp_path / f"pairs{i}.jsonl.gz" for i in range(2)]
+    for i, path in enumerate(paths):
+        append_rows(path, pair_rows("work", 2 + i))
+    _, record = fit(plain, read_pairs([str(p) for p in paths]), "work")
+    assert record["pairs"] == 24 and record["slope"] == pytest.approx(0.2, abs=1e-3)

@@ -1,0 +1,126 @@
+"""Fit a saved model's kernel correction (``costmodel.nets.KernelCorrection``) on
+device-sized kernels timed in pairs; its nets stay bit for bit as they are.
+
+    python -m torchrec_neuroshard.lab.kernel_correction --model cpu --form work \
+        --pairs torchrec_neuroshard/lab/data/cpu_compute_devices.jsonl.gz \
+                torchrec_neuroshard/lab/data/cpu_compute_devices_seed1.jsonl.gz --out cpu_work.pt
+
+The compute net prices a kernel from the sum of its shards' embeddings, and on kernels of
+16-128 tables its error grows with what their lookups read (studies/device_error.py: the
+same on held-out pools at D = 8-128): with their mean width (``--form width``) and with
+their lookups per ms of its price (``--form work``). Within a pair (two kernels timed in
+turn) the machine's drift cancels: each pair's difference of log(measured / the nets'
+price) is regressed, through 0, on its difference of log x (the form's quantity,
+``KernelCorrection``). The slope is the correction's; its reference is the geometric mean
+of x over the pairs' kernels, so a kernel there keeps its price.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+import numpy as np
+
+from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
+from torchrec_neuroshard.costmodel.nets import CORRECTION_FORMS, KernelCorrection
+from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect_devices import whole_pairs
+from torchrec_neuroshard.types import Shard, ShardingError
+
+
+def lookups(shards: Sequence[Shard]) -> float:
+    """A kernel's lookups a sample: sum(pooling factor x width) over its shards."""
+    return float(sum(s.table.pooling_factor * s.width for s in shards))
+
+
+def mean_width(shards: Sequence[Shard]) -> float:
+    """The lookup-weighted mean width of a kernel's shards: sum(pooling factor x width) / sum(pooling factor)."""
+    return lookups(shards) / float(sum(s.table.pooling_factor for s in shards))
+
+
+def correction_input(model: NeuralCostModel, form: str, shards: Sequence[Shard], batch_size: int) -> float:
+    """The x of ``KernelCorrection`` of ``form`` for ``shards`` in a kernel of ``batch_size``,
+    ``model`` pricing by its nets alone: the mean width, or lookups per ms of the nets' price
+    at their own batch (``KernelNet.batch_factor`` divided out)."""
+    if form == "width":
+        return mean_width(shards)
+    at_net_batch = model.kernel_ms(shards, batch_size) / model.pooled_kernel.batch_factor(batch_size)
+    return lookups(shards) / at_net_batch
+
+
+def without_correction(model: NeuralCostModel) -> NeuralCostModel:
+    """``model`` pricing by its nets alone (its kernel correction, if any, dropped)."""
+    meta = {k: v for k, v in model.meta.items() if k not in ("kernel_correction", "width_correction")}
+    return model.with_meta(meta)
+
+
+def priced_pairs(model: NeuralCostModel, rows: Sequence[dict]) -> list[tuple[list[list[Shard]], list[float], list[int]]]:
+    """Each whole pair of ``rows`` (``collect_devices.whole_pairs``), members in order: their
+    shards, their log(measured / ``model``'s price) and their batches."""
+    whole = whole_pairs(rows)
+    shards = [[shard_from_record(s) for s in r["shards"]] for r in whole]
+    errors = [float(np.log((r["fwd_ms"] + r["bwd_ms"]) / model.kernel_ms(s, r["batch_size"]))) for r, s in zip(whole, shards)]
+    batches = [int(r["batch_size"]) for r in whole]
+    return [(shards[i : i + 2], errors[i : i + 2], batches[i : i + 2]) for i in range(0, len(whole), 2)]
+
+
+def pair_terms(model: NeuralCostModel, form: str, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Over the whole pairs of ``rows`` (``priced_pairs``): each pair's difference (first
+    member less second) of log(measured / ``model``'s price) [P] and of log x [P], and
+    every member's x [2P] (``correction_input``)."""
+    errors, terms, every = [], [], []
+    for shards, error, batches in priced_pairs(model, rows):
+        x = [correction_input(model, form, s, b) for s, b in zip(shards, batches)]
+        errors.append(error[0] - error[1])
+        terms.append(np.log(x[0]) - np.log(x[1]))
+        every += x
+    if not errors:
+        raise ShardingError("no whole device pairs in the rows given: pass a file `neuroshard collect devices` or `calibrate --device-pairs` wrote")
+    return np.array(errors), np.array(terms), np.array(every)
+
+
+def fit(model: NeuralCostModel, rows: Sequence[dict], form: str = "width") -> tuple[NeuralCostModel, dict]:
+    """``model`` with a correction of ``form`` fitted on the device pairs of ``rows`` (its own
+    dropped first), and the record kept in its meta: form, slope, reference, pairs, and the
+    pairs' error sd before and after."""
+    if form not in CORRECTION_FORMS:
+        raise ValueError(f"form={form!r}: give one of {CORRECTION_FORMS}")
+    plain = without_correction(model)
+    errors, terms, every = pair_terms(plain, form, rows)  # [P], [P], [2P]
+    slope = float(terms @ errors / (terms @ terms))
+    correction = KernelCorrection(form, slope, float(np.exp(np.log(every).mean())))
+    record = {
+        "form": form,
+        "slope": correction.slope,
+        "reference": correction.reference,
+        "pairs": len(errors),
+        "pair_error_sd": {"before": float(errors.std()), "after": float((errors - slope * terms).std())},
+    }
+    return plain.with_meta({**plain.meta, "kernel_correction": record}), record
+
+
+def read_pairs(paths: Sequence[str]) -> list[dict]:
+    """The rows of the device-pair files ``paths``, each pair named by its file and its
+    number there (each file numbers its pairs from 0)."""
+    return [{**r, "pair": (i, r["pair"])} if "pair" in r else r for i, path in enumerate(paths) for r in read_rows(path)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="model file, or a shipped model's name")
+    p.add_argument("--form", choices=CORRECTION_FORMS, required=True, help="what the correction reads (KernelCorrection)")
+    p.add_argument("--pairs", nargs="+", required=True, help="device-pair files (JSONL.gz)")
+    p.add_argument("--out", required=True, help="model file to write")
+    args = p.parse_args(argv)
+    model, record = fit(model_named(args.model), read_pairs(args.pairs), args.form)
+    model.save(args.out)
+    sd = record["pair_error_sd"]
+    print(
+        f"{args.form} correction: slope {record['slope']:.4f}, reference {record['reference']:.4g}, from {record['pairs']} pairs; "
+        f"the pairs' log-error sd {sd['before']:.3f} -> {sd['after']:.3f} (in sample); saved {args.out}"
+    )
+
+
+if __name__ == "__main__":
+    main()
