@@ -36,7 +36,7 @@ from torchrec_neuroshard.hardware import local_hardware, model_vs_machine
 from torchrec_neuroshard.lab.launch import default_device
 from torchrec_neuroshard.lab.pretrain import fit_step_parts
 from torchrec_neuroshard.lab.training import comm_metrics, compute_metrics, mape, spearman, train_comm
-from torchrec_neuroshard.lab.training_data import kernel_rows, load_comm_data, load_compute_data, load_step_data, split_by_group
+from torchrec_neuroshard.lab.training_data import compute_groups, kernel_rows, load_comm_data, load_compute_data, load_step_data, split_by_group
 from torchrec_neuroshard.steparts import PART_FEATURES
 from torchrec_neuroshard.types import TableSpec
 
@@ -202,7 +202,7 @@ def _batch_shift_table(model: NeuralCostModel, rows: list[dict], seed: int) -> N
     if not rows:
         return
     rows = kernel_rows(rows, pooled=True)
-    _, _, test = split_by_group(np.asarray([r["group"] for r in rows]), seed)  # as load_compute_data groups them
+    _, _, test = split_by_group(compute_groups(rows), seed)
     tested = [r for r, keep in zip(rows, test) if keep]
     truth = torch.tensor([r["fwd_ms"] + r["bwd_ms"] for r in tested], dtype=torch.float64)
     for label, priced_by in (("through its batch shift", model), (f"linear from {model.batch_size:,}", model.without_batch_shift())):

@@ -26,8 +26,9 @@ from benchmarks.costmodel import CPU_DATA, DATA_DIR
 from torchrec_neuroshard.costmodel import NeuralCostModel
 from torchrec_neuroshard.hardware import local_hardware
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
+from torchrec_neuroshard.lab.collect_devices import pairs_apart
 from torchrec_neuroshard.lab.training import mape, spearman
-from torchrec_neuroshard.lab.training_data import kernel_rows, split_by_group
+from torchrec_neuroshard.lab.training_data import compute_groups, kernel_rows, split_by_group
 
 OUT = Path(__file__).parent / "results" / "device_kernels.md"
 
@@ -36,8 +37,8 @@ def test_pairs(paths: list[Path], seed: int | None) -> list[dict]:
     """The device-pair rows in the test split ``neuroshard pretrain`` makes of ``paths``'
     pooled compute rows (by group, over all of them; every pair when ``seed`` is None),
     partners side by side."""
-    rows = kernel_rows([r for path in paths for r in read_rows(path)], pooled=True)
-    groups = np.asarray([r["group"] for r in rows])
+    rows = kernel_rows(pairs_apart([read_rows(path) for path in paths]), pooled=True)
+    groups = compute_groups(rows)
     test = np.ones(len(rows), dtype=bool) if seed is None else split_by_group(groups, seed)[2]
     return sorted((r for r, keep in zip(rows, test) if keep and "pair" in r), key=lambda r: (r["pair"], r["pair_member"]))
 

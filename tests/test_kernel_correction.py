@@ -10,6 +10,7 @@ import pytest
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.costmodel.nets import KernelCorrection
 from torchrec_neuroshard.lab.collect import append_rows, shard_record
+from torchrec_neuroshard.lab.collect_devices import DEVICE_GROUP_OFFSET
 from torchrec_neuroshard.lab.kernel_correction import correction_input, fit, lookups, mean_width, read_pairs, without_correction
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool, table_spec
 from torchrec_neuroshard.search import predicted_breakdown
@@ -103,7 +104,7 @@ def pair_rows(form: str, seed: int, slope: float = 0.2) -> list[dict]:
         for member, shards in enumerate(members):
             x = correction_input(plain_model(), form, shards, BATCH)
             ms = plain_model().kernel_ms(shards, BATCH) * (x / reference) ** slope * drift
-            rows.append({"pair": pair, "pair_member": member, "batch_size": BATCH, "shards": [shard_record(s) for s in shards], "fwd_ms": ms / 3, "bwd_ms": 2 * ms / 3})
+            rows.append({"group": DEVICE_GROUP_OFFSET + pair, "pair": pair, "pair_member": member, "batch_size": BATCH, "shards": [shard_record(s) for s in shards], "fwd_ms": ms / 3, "bwd_ms": 2 * ms / 3})
     return rows
 
 
@@ -125,5 +126,8 @@ def test_pairs_of_two_files_stay_apart(plain, tmp_path: Path) -> None:
     paths = [tmp_path / f"pairs{i}.jsonl.gz" for i in range(2)]
     for i, path in enumerate(paths):
         append_rows(path, pair_rows("work", 2 + i))
-    _, record = fit(plain, read_pairs([str(p) for p in paths]), "work")
+    rows = read_pairs([str(p) for p in paths])
+    assert [r["pair"] for r in rows[::2]] == list(range(24)) and read_pairs([str(paths[0])]) == pair_rows("work", 2)
+    assert len({r["group"] for r in rows}) == 24  # a pair's split group moves with it
+    _, record = fit(plain, rows, "work")
     assert record["pairs"] == 24 and record["slope"] == pytest.approx(0.2, abs=1e-3)

@@ -36,6 +36,17 @@ DEVICE_GROUP_OFFSET = 700_000
 """Added to a pair's index in its split group: apart from the small kernels' groups."""
 
 
+def pairs_apart(files: Sequence[Sequence[dict]]) -> list[dict]:
+    """The rows of several files, in order, each file's pairs numbered after the previous
+    files' (``pair`` and its split group moved alike): every file numbers its pairs from 0,
+    and pair k of one file is not pair k of another. One file's rows come back as they are."""
+    out, offset = [], 0
+    for rows in files:
+        out += [{**r, "pair": r["pair"] + offset, "group": r["group"] + offset} if "pair" in r else r for r in rows]
+        offset += 1 + max((r["pair"] for r in rows if "pair" in r), default=-1)
+    return out
+
+
 def _resume(path: Path) -> tuple[object, int]:
     """Open ``path`` for appending, after dropping a pair cut in half: (file, pairs kept)."""
     f, kept = _open_for_append(path)

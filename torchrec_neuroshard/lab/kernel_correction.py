@@ -25,7 +25,7 @@ import numpy as np
 from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
 from torchrec_neuroshard.costmodel.nets import CORRECTION_FORMS, KernelCorrection
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
-from torchrec_neuroshard.lab.collect_devices import whole_pairs
+from torchrec_neuroshard.lab.collect_devices import pairs_apart, whole_pairs
 from torchrec_neuroshard.types import Shard, ShardingError
 
 
@@ -101,9 +101,8 @@ def fit(model: NeuralCostModel, rows: Sequence[dict], form: str = "width") -> tu
 
 
 def read_pairs(paths: Sequence[str]) -> list[dict]:
-    """The rows of the device-pair files ``paths``, each pair named by its file and its
-    number there (each file numbers its pairs from 0)."""
-    return [{**r, "pair": (i, r["pair"])} if "pair" in r else r for i, path in enumerate(paths) for r in read_rows(path)]
+    """The rows of the device-pair files ``paths``, each file's pairs apart (``pairs_apart``)."""
+    return pairs_apart([read_rows(path) for path in paths])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,6 +25,7 @@ from torchrec_neuroshard.costmodel.features import FeatureRange, Normalizer
 from torchrec_neuroshard.costmodel.nets import ComputeNet
 from torchrec_neuroshard.lab.batch_shift import with_batch_shift
 from torchrec_neuroshard.lab.collect import iter_kind, read_rows
+from torchrec_neuroshard.lab.collect_devices import pairs_apart
 from torchrec_neuroshard.lab.training import comm_metrics, compute_metrics, mape, train_comm, train_compute
 from torchrec_neuroshard.lab.training_data import (
     ComputeData,
@@ -261,13 +262,14 @@ def pretrain_files(paths: Sequence[str | Path], batch_shift_paths: Sequence[str 
 
 
 def _read_files(paths: Sequence[str | Path]) -> list[dict]:
-    """The rows of the dataset files ``paths``, in order; a missing or unreadable file is an error."""
-    rows = []
+    """The rows of the dataset files ``paths``, in order, each file's device pairs apart
+    (``collect_devices.pairs_apart``); a missing or unreadable file is an error."""
+    files = []
     for path in paths:
         if not Path(path).is_file():
             raise ShardingError(f"data file {str(path)!r} does not exist; give the JSONL(.gz) files `neuroshard collect` wrote")
         try:
-            rows += read_rows(path)
+            files.append(read_rows(path))
         except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ShardingError(f"data file {str(path)!r} is not a readable JSONL(.gz) dataset: {e}") from e
-    return rows
+    return pairs_apart(files)

@@ -97,6 +97,11 @@ def kernel_rows(rows: Sequence[dict], pooled: bool = True) -> list[dict]:
     return [r for r in iter_kind(rows, "compute") if r.get("pooling_mode", "sum") == POOLING_MODES[pooled]]
 
 
+def compute_groups(rows: Sequence[dict]) -> np.ndarray:
+    """The split group of each compute row [N]: its drawn table set (re-measurements share it)."""
+    return np.asarray([r["group"] for r in rows])
+
+
 def load_compute_data(rows: Sequence[dict], pooled: bool = True, reads_batch: bool | None = None) -> ComputeData:
     """The compute samples of ``rows`` of one kernel kind (``kernel_rows``), with each
     sample's batch as a feature when ``reads_batch`` (default: when they were measured at
@@ -114,7 +119,7 @@ def load_compute_data(rows: Sequence[dict], pooled: bool = True, reads_batch: bo
         feats.append(shard_features(shards, batches[k] if reads_batch else None))
         sample += [k] * len(shards)
     y = torch.tensor([[r["fwd_ms"], r["bwd_ms"]] for r in mine], dtype=torch.float32)
-    group = np.asarray([r["group"] for r in mine])
+    group = compute_groups(mine)
     pair = np.asarray([r["group"] if "pair" in r else -1 for r in mine])  # a pair's two rows share their group
     return ComputeData(torch.cat(feats), torch.tensor(sample), y, group, np.asarray(batches), reads_batch, pair)
 
