@@ -8,8 +8,9 @@ held-out pool and D (rows as committed) whose plan splits no table by rows and r
 none (its measured time is then its fused kernel alone). A device's error is log(measured /
 the model's price), less its plan's mean (the machine's level and drift cancel): its
 spread, and its correlation with what the device holds: the lookup-weighted mean width of
-its shards (sum of pooling factor x width / sum of pooling factors), how many shards, and
-the heaviest shard's share of its lookups (each as a log, less its plan's mean).
+its shards (sum of pooling factor x width / sum of pooling factors), how many shards, the
+heaviest shard's share of its lookups, and its lookups per ms of the model's price (each as
+a log, less its plan's mean).
 Training side: the device pairs of ``lab/data/cpu_compute_devices_seed1.jsonl.gz`` (pool
 seeds 10 on, 16-128 tables a kernel, timed back to back): each pair's difference of the
 same error against the difference of the same holdings.
@@ -36,20 +37,21 @@ from torchrec_neuroshard.types import Plan, Shard, ShardingKind
 
 OUT = Path(__file__).parent / "results" / "device_error.md"
 PAIRS = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "cpu_compute_devices_seed1.jsonl.gz"
-HOLDINGS = ("mean width", "shards", "heaviest share")
+HOLDINGS = ("mean width", "shards", "heaviest share", "lookups per ms")
 
 
-def holdings(shards: list[Shard]) -> np.ndarray:
-    """[3] log of a device's lookup-weighted mean width, its shard count, and its heaviest
-    shard's share of its lookups (pooling factor x width)."""
+def holdings(shards: list[Shard], price_ms: float) -> np.ndarray:
+    """[4] log of a device's lookup-weighted mean width, its shard count, its heaviest
+    shard's share of its lookups (pooling factor x width), and its lookups per ms of
+    ``price_ms``, the model's price of it (what a work correction reads: ``KernelCorrection``)."""
     lookups = np.array([s.table.pooling_factor * s.width for s in shards])  # [S]
-    return np.log([mean_width(shards), len(shards), lookups.max() / lookups.sum()])
+    return np.log([mean_width(shards), len(shards), lookups.max() / lookups.sum(), lookups.sum() / price_ms])
 
 
 def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_rows: list[dict], planned_rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Every judged device of the plans without row splits or replicas at D = ``devices``:
     its error (log measured / priced by the model file ``path``, less its plan's mean) [N]
-    and holdings (``holdings``, less its plan's mean) [N, 3]."""
+    and holdings (``holdings``, less its plan's mean) [N, 4]."""
     errors, held = [], []
     for pool_seed in pool_seeds:
         judged, planned = judged_task(measured_rows, pool_seed, devices), latest_plans(planned_rows, pool_seed, devices)
@@ -61,7 +63,7 @@ def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_ro
             _, per_device = predicted_breakdown(model, task, plan)
             kept = [(d, shards) for d, shards in enumerate(plan.device_shards(task.tables)) if shards]
             error = np.log([measured.per_device[d] / per_device[d].compute for d, _ in kept])  # [devices]
-            held_plan = np.array([holdings(shards) for _, shards in kept])  # [devices, 3]
+            held_plan = np.array([holdings(shards, per_device[d].compute) for d, shards in kept])  # [devices, 4]
             errors.append(error - error.mean())
             held.append(held_plan - held_plan.mean(0))
     return np.concatenate(errors), np.concatenate(held)
@@ -69,10 +71,11 @@ def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_ro
 
 def pair_differences(path: str, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Each whole pair's difference (first member less second) of the error (log measured
-    / priced by ``path``) [P] and of the holdings [P, 3]."""
-    pairs = priced_pairs(model_named(path), rows)
+    / priced by ``path``) [P] and of the holdings [P, 4]."""
+    model = model_named(path)
+    pairs = priced_pairs(model, rows)
     errors = [error[0] - error[1] for _, error, _ in pairs]
-    held = [holdings(shards[0]) - holdings(shards[1]) for shards, _, _ in pairs]
+    held = [np.subtract(*(holdings(s, model.kernel_ms(s, b)) for s, b in zip(shards, batches))) for shards, _, batches in pairs]
     return np.array(errors), np.array(held)
 
 
