@@ -72,10 +72,9 @@ def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_ro
 def pair_differences(path: str, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Each whole pair's difference (first member less second) of the error (log measured
     / priced by ``path``) [P] and of the holdings [P, 4]."""
-    model = model_named(path)
-    pairs = priced_pairs(model, rows)
-    errors = [error[0] - error[1] for _, error, _ in pairs]
-    held = [np.subtract(*(holdings(s, model.kernel_ms(s, b)) for s, b in zip(shards, batches))) for shards, _, batches in pairs]
+    pairs = priced_pairs(model_named(path), rows)
+    errors = [pair.errors[0] - pair.errors[1] for pair in pairs]
+    held = [np.subtract(*(holdings(s, price) for s, price in zip(pair.shards, pair.prices))) for pair in pairs]
     return np.array(errors), np.array(held)
 
 

@@ -64,7 +64,7 @@ def test_a_work_correction_blends_the_nets_price_with_the_kernels_lookups(plain)
     so two kernels' prices are in the ratio of their lookups; at the reference the price stays."""
     first, second = kernels(2, 4)
     rate = lookups(first) / plain.kernel_ms(first, BATCH)
-    assert correction_input(plain, "work", first, BATCH) == pytest.approx(rate, rel=1e-6)
+    assert correction_input(plain, "work", first, BATCH, plain.kernel_ms(first, BATCH)) == pytest.approx(rate, rel=1e-6)
     assert corrected(plain, 0.4, rate, "work").kernel_ms(first, BATCH) == pytest.approx(plain.kernel_ms(first, BATCH), rel=1e-5)
     by_lookups = corrected(plain, 1.0, 100.0, "work")
     assert by_lookups.kernel_ms(first, BATCH) / by_lookups.kernel_ms(second, BATCH) == pytest.approx(lookups(first) / lookups(second), rel=1e-5)
@@ -102,8 +102,8 @@ def pair_rows(form: str, seed: int, slope: float = 0.2) -> list[dict]:
     for pair, members in enumerate(zip(*[iter(kernels(24, seed))] * 2)):
         drift = float(rng.uniform(0.5, 2.0))
         for member, shards in enumerate(members):
-            x = correction_input(plain_model(), form, shards, BATCH)
-            ms = plain_model().kernel_ms(shards, BATCH) * (x / reference) ** slope * drift
+            price = plain_model().kernel_ms(shards, BATCH)
+            ms = price * (correction_input(plain_model(), form, shards, BATCH, price) / reference) ** slope * drift
             rows.append({"group": DEVICE_GROUP_OFFSET + pair, "pair": pair, "pair_member": member, "batch_size": BATCH, "shards": [shard_record(s) for s in shards], "fwd_ms": ms / 3, "bwd_ms": 2 * ms / 3})
     return rows
 

@@ -18,7 +18,7 @@ of x over the pairs' kernels, so a kernel there keeps its price.
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -39,14 +39,13 @@ def mean_width(shards: Sequence[Shard]) -> float:
     return lookups(shards) / float(sum(s.table.pooling_factor for s in shards))
 
 
-def correction_input(model: NeuralCostModel, form: str, shards: Sequence[Shard], batch_size: int) -> float:
-    """The x of ``KernelCorrection`` of ``form`` for ``shards`` in a kernel of ``batch_size``,
-    ``model`` pricing by its nets alone: the mean width, or lookups per ms of the nets' price
-    at their own batch (``KernelNet.batch_factor`` divided out)."""
+def correction_input(model: NeuralCostModel, form: str, shards: Sequence[Shard], batch_size: int, price_ms: float) -> float:
+    """The x of ``KernelCorrection`` of ``form`` for ``shards`` in a kernel of ``batch_size``
+    that ``model``'s nets alone price at ``price_ms``: the mean width, or lookups per ms of
+    that price at the nets' own batch (``KernelNet.batch_factor`` divided out)."""
     if form == "width":
         return mean_width(shards)
-    at_net_batch = model.kernel_ms(shards, batch_size) / model.pooled_kernel.batch_factor(batch_size)
-    return lookups(shards) / at_net_batch
+    return lookups(shards) / (price_ms / model.pooled_kernel.batch_factor(batch_size))
 
 
 def without_correction(model: NeuralCostModel) -> NeuralCostModel:
@@ -55,14 +54,24 @@ def without_correction(model: NeuralCostModel) -> NeuralCostModel:
     return model.with_meta(meta)
 
 
-def priced_pairs(model: NeuralCostModel, rows: Sequence[dict]) -> list[tuple[list[list[Shard]], list[float], list[int]]]:
-    """Each whole pair of ``rows`` (``collect_devices.whole_pairs``), members in order: their
-    shards, their log(measured / ``model``'s price) and their batches."""
+class PricedPair(NamedTuple):
+    """A whole device pair, members in order: their shards, batches, ``model``'s prices
+    (fwd + bwd ms) and log(measured / price)."""
+
+    shards: list[list[Shard]]
+    batches: list[int]
+    prices: list[float]
+    errors: list[float]
+
+
+def priced_pairs(model: NeuralCostModel, rows: Sequence[dict]) -> list[PricedPair]:
+    """Each whole pair of ``rows`` (``collect_devices.whole_pairs``) priced by ``model``."""
     whole = whole_pairs(rows)
     shards = [[shard_from_record(s) for s in r["shards"]] for r in whole]
-    errors = [float(np.log((r["fwd_ms"] + r["bwd_ms"]) / model.kernel_ms(s, r["batch_size"]))) for r, s in zip(whole, shards)]
     batches = [int(r["batch_size"]) for r in whole]
-    return [(shards[i : i + 2], errors[i : i + 2], batches[i : i + 2]) for i in range(0, len(whole), 2)]
+    prices = [model.kernel_ms(s, b) for s, b in zip(shards, batches)]
+    errors = [float(np.log((r["fwd_ms"] + r["bwd_ms"]) / price)) for r, price in zip(whole, prices)]
+    return [PricedPair(shards[i : i + 2], batches[i : i + 2], prices[i : i + 2], errors[i : i + 2]) for i in range(0, len(whole), 2)]
 
 
 def pair_terms(model: NeuralCostModel, form: str, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -70,9 +79,9 @@ def pair_terms(model: NeuralCostModel, form: str, rows: Sequence[dict]) -> tuple
     member less second) of log(measured / ``model``'s price) [P] and of log x [P], and
     every member's x [2P] (``correction_input``)."""
     errors, terms, every = [], [], []
-    for shards, error, batches in priced_pairs(model, rows):
-        x = [correction_input(model, form, s, b) for s, b in zip(shards, batches)]
-        errors.append(error[0] - error[1])
+    for pair in priced_pairs(model, rows):
+        x = [correction_input(model, form, *member) for member in zip(pair.shards, pair.batches, pair.prices)]
+        errors.append(pair.errors[0] - pair.errors[1])
         terms.append(np.log(x[0]) - np.log(x[1]))
         every += x
     if not errors:
