@@ -5,6 +5,7 @@ measured from real batches (``profile_batches``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
@@ -108,6 +109,7 @@ def _rank_probabilities(rows: int, alpha: float) -> tuple[np.ndarray, np.ndarray
     return p, sizes
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def expected_access_histogram(
     rows: int, lookups: float, alpha: float, active_ratio: float = math.inf
 ) -> tuple[float, ...]:
@@ -115,6 +117,8 @@ def expected_access_histogram(
 
     Draws fall on ``active_rows(rows, lookups, active_ratio)`` rows with p(rank k) ~ k^-alpha;
     each row's count is Poisson(lookups * p_row); the histogram is over rows drawn >= 1 time.
+    Cached: a pool's tables are the same at every device count, and tasks are drawn from
+    them again and again.
     """
     if lookups <= 0:
         return (1.0,) + (0.0,) * (NUM_ACCESS_BINS - 1)
@@ -126,11 +130,11 @@ def expected_access_histogram(
 def _bin_mass(lam: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """[17, B] expected rows of each access bin of B buckets of ``n`` [B] ranks, each rank's
     count Poisson(``lam`` [B])."""
-    # P(count <= k) = Q(k + 1, lam) for a Poisson(lam) count.
-    uppers = [2.0**j for j in range(NUM_ACCESS_BINS - 1)]
-    cdf = [torch.exp(-lam)] + [torch.special.gammaincc(torch.tensor(u + 1.0, dtype=torch.float64), lam) for u in uppers]
-    cdf.append(torch.ones_like(lam))
-    return torch.stack([(cdf[j + 1] - cdf[j]) * n for j in range(NUM_ACCESS_BINS)])
+    # P(count <= k) = Q(k + 1, lam) for a Poisson(lam) count, at each bin's upper count k = 2^j.
+    uppers = torch.tensor([2.0**j + 1.0 for j in range(NUM_ACCESS_BINS - 1)], dtype=torch.float64)  # [16]
+    below = torch.special.gammaincc(uppers[:, None], lam[None, :])  # [16, B]
+    cdf = torch.cat([torch.exp(-lam)[None], below, torch.ones_like(lam)[None]])  # [18, B]
+    return (cdf[1:] - cdf[:-1]) * n
 
 
 def _normalised(mass: torch.Tensor) -> tuple[float, ...]:

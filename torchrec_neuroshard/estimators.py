@@ -236,7 +236,7 @@ class NeuralPerfModel(PerfModel):
         if not plan:
             return 0.0
         batch = global_batch(plan[0].batch_size if self.batch_size is None else self.batch_size, world)
-        model = _priced(self.model.with_batch_size(batch), batch)
+        model = self._priced_at(batch)
         sharders = {sharder_name(s.module_type): s for s in self.sharders or ()}
         devices: list[list[Shard]] = [[] for _ in range(world)]
         dims = np.zeros((1, world), dtype=np.float32)
@@ -249,3 +249,10 @@ class NeuralPerfModel(PerfModel):
         compute = np.asarray(model.compute_cost(devices), dtype=np.float32)
         _, total = model.embedding_cost(compute[None, :, 0], compute[None, :, 1], dims)
         return float(total[0])
+
+    def _priced_at(self, batch: int) -> CostModel:
+        """The model at the global ``batch``, UVM penalties added; kept as ``priced_`` (batch,
+        model) for the next plan: TorchRec's planner rates thousands of them."""
+        if getattr(self, "priced_", (None,))[0] != batch:
+            self.priced_ = (batch, _priced(self.model.with_batch_size(batch), batch))
+        return self.priced_[1]
