@@ -183,11 +183,23 @@ def _compute_table(model: NeuralCostModel, rows: list[dict], seed: int, device: 
     precision = [r.get("weights_precision", "fp32") for r in test_rows]
     at = [f"at batch {model.batch_size:,}" if r["batch_size"] == model.batch_size else "at other batches" for r in test_rows]
     total = pred.exp().sum(1).double()
+    if model.pooled_kernel.correction is not None:  # the rows above price by the net alone
+        priced = kernel_prices(model, test_rows)
+        print(
+            f"| NeuroShard through its kernel correction, as the planner prices | {mape(priced, truth):.1f} | {spearman(priced, truth):.3f} "
+            f"| - | - | {float((priced / truth).median()):.3f} |"
+        )  # fmt: skip
     for kinds in (precision, at):  # the held-out kernels of each weight dtype, and batch, apart
         for name in sorted(set(kinds)) if len(set(kinds)) > 1 else ():
             keep = torch.tensor([k == name for k in kinds])
             print(f"| NeuroShard, {name} kernels only ({int(keep.sum())}) | {mape(total[keep], truth[keep]):.1f} | {spearman(total[keep], truth[keep]):.3f} | - | - | - |")
     return test_rows
+
+
+def kernel_prices(model: NeuralCostModel, rows: Sequence[dict]) -> torch.Tensor:
+    """[N] fwd+bwd ms of each compute row's kernel at its batch, as the planner prices it
+    (``kernel_ms``: batch shift and kernel correction included)."""
+    return torch.tensor([model.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) for r in rows], dtype=torch.float64)
 
 
 def _batch_shift_table(model: NeuralCostModel, rows: list[dict], seed: int) -> None:
@@ -206,7 +218,7 @@ def _batch_shift_table(model: NeuralCostModel, rows: list[dict], seed: int) -> N
     tested = [r for r, keep in zip(rows, test) if keep]
     truth = torch.tensor([r["fwd_ms"] + r["bwd_ms"] for r in tested], dtype=torch.float64)
     for label, priced_by in (("through its batch shift", model), (f"linear from {model.batch_size:,}", model.without_batch_shift())):
-        pred = torch.tensor([priced_by.kernel_ms([shard_from_record(s) for s in r["shards"]], r["batch_size"]) for r in tested], dtype=torch.float64)
+        pred = kernel_prices(priced_by, tested)
         print(
             f"| NeuroShard, other batches {label} ({len(tested)}) | {mape(pred, truth):.1f} | {spearman(pred, truth):.3f} "
             f"| - | - | {float((pred / truth).median()):.3f} |"

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
 from torchrec_neuroshard.costmodel.nets import KernelCorrection
-from torchrec_neuroshard.lab.collect import append_rows, shard_record
+from torchrec_neuroshard.lab.collect import append_rows, read_rows, shard_record
 from torchrec_neuroshard.lab.collect_devices import DEVICE_GROUP_OFFSET
 from torchrec_neuroshard.lab.kernel_correction import correction_input, fit, lookups, mean_width, read_pairs, without_correction
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool, table_spec
@@ -131,3 +132,21 @@ def test_pairs_of_two_files_stay_apart(plain, tmp_path: Path) -> None:
     assert len({r["group"] for r in rows}) == 24  # a pair's split group moves with it
     _, record = fit(plain, rows, "work")
     assert record["pairs"] == 24 and record["slope"] == pytest.approx(0.2, abs=1e-3)
+
+
+@pytest.mark.slow
+def test_the_accuracy_benchmark_scores_a_corrected_model_as_the_planner_prices(plain, capsys) -> None:
+    """``benchmarks.costmodel``'s compute rows price by the net alone; a model with a
+    correction gets a row more, its kernels priced through it (``kernel_ms``)."""
+    from benchmarks.costmodel import DATA_DIR, _compute_table, kernel_prices
+    from torchrec_neuroshard.lab.training import mape
+
+    rows = read_rows(DATA_DIR / "cpu_compute.jsonl.gz")[:300]
+    _compute_table(plain, rows, 0, "cpu")
+    assert "through its kernel correction" not in capsys.readouterr().out
+    model = corrected(plain, 0.5, 300.0, "work")
+    tested = _compute_table(model, rows, 0, "cpu")
+    line = next(x for x in capsys.readouterr().out.splitlines() if "through its kernel correction" in x)
+    truth = torch.tensor([r["fwd_ms"] + r["bwd_ms"] for r in tested], dtype=torch.float64)
+    assert line.split(" | ")[1] == f"{mape(kernel_prices(model, tested), truth):.1f}"
+    assert kernel_prices(model, tested).tolist() != kernel_prices(plain, tested).tolist()
