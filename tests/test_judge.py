@@ -217,3 +217,15 @@ def test_the_measurement_against_itself_ranks_the_first_passes_devices_against_t
     first = np.array([[1.0, 2.0, 3.0], [1.2, 2.1, 2.9]])  # [units of pass 0, devices]
     assert Judged(np.concatenate([first, first + 0.5])).passes_agree == pytest.approx(1.0)  # the passes agree
     assert Judged(np.concatenate([first, first[:, ::-1]])).passes_agree == pytest.approx(-1.0)  # pass 1 reversed
+
+
+@pytest.mark.parametrize("units", [8, 7])
+def test_the_bootstraps_medians_are_numpys_to_the_bit(units: int) -> None:
+    """Each resample's slowest device, its median over the resampled units, is what
+    ``np.median`` gives, for an even and an odd count of units."""
+    from torchrec_neuroshard.lab.judgement import _resampled_compute
+
+    rng = np.random.default_rng(3)
+    times = rng.lognormal(3.0, 0.2, (units, 16))  # [units, devices]
+    pick = rng.integers(0, units, (500, units))  # [samples, units]
+    assert np.array_equal(_resampled_compute(times, pick), np.median(times[pick], axis=1).max(axis=1))
