@@ -196,6 +196,14 @@ def _compute_table(model: NeuralCostModel, rows: list[dict], seed: int, device: 
     return test_rows
 
 
+def held_out_kernels(rows: Sequence[dict], seed: int) -> list[dict]:
+    """The pooled compute rows of ``rows`` in the test split (``split_by_group`` over their
+    split groups, as pretrain splits them)."""
+    rows = kernel_rows(rows, pooled=True)
+    _, _, test = split_by_group(compute_groups(rows), seed)
+    return [r for r, keep in zip(rows, test) if keep]
+
+
 def kernel_prices(model: NeuralCostModel, rows: Sequence[dict]) -> torch.Tensor:
     """[N] fwd+bwd ms of each compute row's kernel at its batch, as the planner prices it
     (``kernel_ms``: batch shift and kernel correction included)."""
@@ -213,9 +221,7 @@ def _batch_shift_table(model: NeuralCostModel, rows: list[dict], seed: int) -> N
         )
     if not rows:
         return
-    rows = kernel_rows(rows, pooled=True)
-    _, _, test = split_by_group(compute_groups(rows), seed)
-    tested = [r for r, keep in zip(rows, test) if keep]
+    tested = held_out_kernels(rows, seed)
     truth = torch.tensor([r["fwd_ms"] + r["bwd_ms"] for r in tested], dtype=torch.float64)
     for label, priced_by in (("through its batch shift", model), (f"linear from {model.batch_size:,}", model.without_batch_shift())):
         pred = kernel_prices(priced_by, tested)

@@ -19,22 +19,18 @@ from typing import Sequence
 
 import torch
 
-from benchmarks.costmodel import CPU_DATA, CPU_SHIFT_DATA, DATA_DIR, kernel_prices
+from benchmarks.costmodel import CPU_DATA, CPU_SHIFT_DATA, DATA_DIR, held_out_kernels, kernel_prices
 from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.training import mape, spearman
-from torchrec_neuroshard.lab.training_data import compute_groups, kernel_rows, split_by_group
 
 BUCKETS = ((1, 4), (5, 8), (9, 15))
 """Table counts a kernel holds, reported apart."""
 
 
 def held_out(files: Sequence[str], seed: int) -> list[dict]:
-    """The pooled compute rows of ``files`` in the test split (``split_by_group`` over all of
-    their rows, as pretrain and ``benchmarks.costmodel`` split them)."""
-    rows = kernel_rows([r for name in files for r in read_rows(DATA_DIR / name)], pooled=True)
-    _, _, test = split_by_group(compute_groups(rows), seed)
-    return [r for r, keep in zip(rows, test) if keep]
+    """The held-out pooled kernels of the data files ``files``, split over all their rows."""
+    return held_out_kernels([r for name in files for r in read_rows(DATA_DIR / name)], seed)
 
 
 def scores(model: NeuralCostModel, rows: Sequence[dict]) -> str:
