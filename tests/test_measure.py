@@ -59,6 +59,21 @@ def test_comm_runs_on_gloo_groups(world_size: int) -> None:
     assert min(fwd[:-1]) > fwd[-1] + 10.0
 
 
+def _seen_by_rank(rank: int, world_size: int) -> tuple[str | None, str]:
+    import os
+
+    return os.environ.get("NEUROSHARD_TEST_MARK"), os.getcwd()
+
+
+@pytest.mark.dmp
+def test_ranks_see_the_callers_environment_and_directory_as_it_is_at_the_call(tmp_path, monkeypatch) -> None:
+    spawn(_seen_by_rank, 2)  # the fork server (CPU) is started before the change below
+    monkeypatch.setenv("NEUROSHARD_TEST_MARK", "set-after-the-server-started")
+    monkeypatch.chdir(tmp_path)
+    seen = spawn(_seen_by_rank, 2)
+    assert seen == [("set-after-the-server-started", str(tmp_path))] * 2
+
+
 def test_evaluator_measures_our_plan_and_torchrecs_plan_for_the_same_task() -> None:
     task = generate_task(synthetic_pool(), 8, 2, SMALL, seed=1)
     ours = baseline_plan("size", task)

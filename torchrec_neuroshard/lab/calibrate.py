@@ -39,6 +39,7 @@ from torchrec_neuroshard.lab.collect_devices import collect_device_pairs
 from torchrec_neuroshard.lab.coverage import CALIBRATION_SEED, calibration_indices
 from torchrec_neuroshard.lab.fine_tune import fine_tune
 from torchrec_neuroshard.lab.measure_compute import measure_compute
+from torchrec_neuroshard.lab.launch import rank_context
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 from torchrec_neuroshard.types import ShardingError
 
@@ -66,9 +67,7 @@ def busy_neighbours(count: int, scale: WorkloadScale) -> Iterator[None]:
     if count <= 0:
         yield
         return
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     stop = ctx.Event()
     procs = [ctx.Process(target=_busy_loop, args=(scale, k, stop), daemon=True) for k in range(count)]
     for proc in procs:
