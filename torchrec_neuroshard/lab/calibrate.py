@@ -38,8 +38,8 @@ from torchrec_neuroshard.lab.collect import PoolLookups, collect_comm, collect_c
 from torchrec_neuroshard.lab.collect_devices import collect_device_pairs
 from torchrec_neuroshard.lab.coverage import CALIBRATION_SEED, calibration_indices
 from torchrec_neuroshard.lab.fine_tune import fine_tune
-from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.lab.launch import rank_context
+from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 from torchrec_neuroshard.types import ShardingError
 
