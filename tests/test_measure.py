@@ -3,6 +3,7 @@ and resumable data collection."""
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from torchrec_neuroshard.heuristics import baseline_plan
 from torchrec_neuroshard.lab.torchrec_baseline import torchrec_plan
 from torchrec_neuroshard.lab.collect import collect_comm, collect_compute, read_rows
 from torchrec_neuroshard.lab.evaluate import evaluate_plans, format_breakdown, task_lookups
-from torchrec_neuroshard.lab.launch import spawn
+from torchrec_neuroshard.lab.launch import rank_context, spawn, start_process
 from torchrec_neuroshard.lab.measure_comm import measure_comm
 from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.types import Plan, Shard, TablePlacement
@@ -72,6 +73,23 @@ def test_ranks_see_the_callers_environment_and_directory_as_it_is_at_the_call(tm
     monkeypatch.chdir(tmp_path)
     seen = spawn(_seen_by_rank, 2)
     assert seen == [("set-after-the-server-started", str(tmp_path))] * 2
+
+
+def _report_seen(queue) -> None:
+    queue.put(_seen_by_rank(0, 1))
+
+
+@pytest.mark.dmp
+def test_any_process_started_for_ranks_sees_the_callers_environment_at_its_start(tmp_path, monkeypatch) -> None:
+    # calibrate's busy neighbours start this way, not through spawn
+    ctx = rank_context()
+    queue = ctx.SimpleQueue()
+    start_process(ctx, _report_seen, queue).join()  # the fork server (CPU) is started before the change
+    assert queue.get() == (None, os.getcwd())
+    monkeypatch.setenv("NEUROSHARD_TEST_MARK", "set-after-the-server-started")
+    monkeypatch.chdir(tmp_path)
+    start_process(ctx, _report_seen, queue, daemon=True).join()
+    assert queue.get() == ("set-after-the-server-started", str(tmp_path))
 
 
 def test_evaluator_measures_our_plan_and_torchrecs_plan_for_the_same_task() -> None:

@@ -38,7 +38,7 @@ from torchrec_neuroshard.lab.collect import PoolLookups, collect_comm, collect_c
 from torchrec_neuroshard.lab.collect_devices import collect_device_pairs
 from torchrec_neuroshard.lab.coverage import CALIBRATION_SEED, calibration_indices
 from torchrec_neuroshard.lab.fine_tune import fine_tune
-from torchrec_neuroshard.lab.launch import rank_context
+from torchrec_neuroshard.lab.launch import rank_context, start_process
 from torchrec_neuroshard.lab.measure_compute import measure_compute
 from torchrec_neuroshard.lab.workloads import WorkloadScale, synthetic_pool
 from torchrec_neuroshard.types import ShardingError
@@ -69,9 +69,7 @@ def busy_neighbours(count: int, scale: WorkloadScale) -> Iterator[None]:
         return
     ctx = rank_context()
     stop = ctx.Event()
-    procs = [ctx.Process(target=_busy_loop, args=(scale, k, stop), daemon=True) for k in range(count)]
-    for proc in procs:
-        proc.start()
+    procs = [start_process(ctx, _busy_loop, scale, k, stop, daemon=True) for k in range(count)]
     try:
         time.sleep(2.0)  # the neighbours import torch and build their first kernel
         yield

@@ -70,17 +70,21 @@ def rank_context() -> Any:
     return ctx
 
 
-def _worker(
-    rank: int,
-    world_size: int,
-    port: int,
-    fn: Callable[..., Any],
-    args: tuple,
-    results: Any,
-    environ: dict[str, str],
-) -> None:
-    os.environ.clear()  # the fork server's environment is the one it started with
+def _in_environment(environ: dict[str, str], target: Callable[..., Any], *args: Any) -> Any:
+    os.environ.clear()  # a fork server's environment is the one it started with
     os.environ.update(environ)
+    return target(*args)
+
+
+def start_process(ctx: Any, target: Callable[..., Any], *args: Any, daemon: bool = False) -> Any:
+    """Start ``target(*args)`` in a process of ``ctx`` (``rank_context()``) that sees the
+    caller's environment as it is now, working directory and ``sys.path`` too; returns it."""
+    proc = ctx.Process(target=_in_environment, args=(dict(os.environ), target, *args), daemon=daemon)
+    proc.start()
+    return proc
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, results: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -111,13 +115,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
     ctx = rank_context()
     results = ctx.SimpleQueue()
     port = free_port()
-    environ = dict(os.environ)
-    procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results, environ))
-        for r in range(world_size)
-    ]
-    for p in procs:
-        p.start()
+    procs = [start_process(ctx, _worker, r, world_size, port, fn, args, results) for r in range(world_size)]
     outs: dict[int, Any] = {}
     errors = []
     for _ in range(world_size):
