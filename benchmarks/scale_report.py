@@ -1,5 +1,6 @@
 """The tables of ``benchmarks/scale.py``: measured compute per pool and D, ratios with
-bootstrap intervals, units won, and the cost model against the measured devices.
+bootstrap intervals, units won, the shipped model's plans against TorchRec's and the best
+heuristic's pooled per D (``scale_ratios``), and the cost model against the measured devices.
 
     python -m benchmarks.scale report
 
@@ -20,12 +21,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from benchmarks.scale_ratios import TORCHREC, TaskRun, best_heuristic, interval_text, ratio_text, versus_lines
 from torchrec_neuroshard.costmodel.shipped import model_file, shipped_hardware
-from torchrec_neuroshard.heuristics import BASELINES
 from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.judge import JudgeConfig
 from torchrec_neuroshard.lab.judge import COPY, REFERENCE
-from torchrec_neuroshard.lab.judgement import Judged, copy_check, final_judgements, judgements, rank_correlation, ratio_interval, runs_ratio_interval, wins
+from torchrec_neuroshard.lab.judgement import Judged, copy_check, final_judgements, judgements, rank_correlation, runs_ratio_interval, wins
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 
 RESULTS = Path(__file__).parent / "results"
@@ -34,7 +35,6 @@ PLANNED = RESULTS / "scale_planned.jsonl.gz"
 MEASURED = RESULTS / "scale_measured.jsonl.gz"
 """The judge's rows: each (pass, device, draw) of each plan (``scale.py measure`` appends)."""
 RESULT = RESULTS / "scale.md"
-TORCHREC = "torchrec_timeout"
 
 
 def latest_plans(rows: list[dict], pool_seed: int, devices: int) -> dict[str, dict]:
@@ -134,22 +134,6 @@ def _ours_text(judged: Mapping[str, Judged]) -> str:
     return f"{ratio_text(judged['neuroshard'], judged.get(best)) if 'neuroshard' in judged else '-'} {best}"
 
 
-def interval_text(interval: tuple[float, float, float]) -> str:
-    """A (ratio, low, high) of ``lab.judge``'s intervals as the reports print it."""
-    ratio, low, high = interval
-    return f"{ratio:.3f} ({low:.3f}-{high:.3f})"
-
-
-def ratio_text(a: Judged, b: Judged | None) -> str:
-    """``a`` over ``b`` with its interval (``ratio_interval``), or "-" without ``b``."""
-    return "-" if b is None else interval_text(ratio_interval(a, b))
-
-
-def best_heuristic(judged: Mapping[str, Judged]) -> str | None:
-    """The heuristic (``heuristics.BASELINES``) whose plan measured fastest; None without one."""
-    return min((n for n in judged if n in BASELINES), key=lambda n: judged[n].compute_ms, default=None)
-
-
 def task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: dict[str, Judged]) -> list[str]:
     """The report's rows of one task: per planner (its last plan, ``planned``), its
     measurement in the task's judged set (``judged``; "not timed" without), the ratios to
@@ -180,34 +164,37 @@ def task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: d
 
 def model_lines(planned: dict, judged: dict) -> list[str]:
     """Per D and model, its per-device error on the plans it priced: NeuroShard's own (the
-    plans it made) and every plan (the baselines' are priced by the shipped model)."""
+    plans it made) and every plan (the baselines' are priced by the shipped model), beside
+    the judge's passes against each other on the same plans."""
     lines = [
         "| D | model | plans | predicted / measured per device (median), every plan | MAPE per device, its NeuroShard plans "
         "| every plan it priced | rank correlation within a plan (median), its NeuroShard plans | every plan "
-        "| the measurement against itself (pass 1 vs pass 2), every plan |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| the measurement against itself (pass 1 vs pass 2, median), its NeuroShard plans | every plan |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     levels: dict[tuple[int, str], list[float]] = {}
-    itself: dict[tuple[int, str], list[float]] = {}
     errors: dict[tuple[int, str, bool], list[float]] = {}
     ranks: dict[tuple[int, str, bool], list[float]] = {}
+    itself: dict[tuple[int, str, bool], list[float]] = {}  # the judge's passes against each other
+    shipped = file_sha256(model_file("cpu"))
     for (pool_seed, d), by_planner in judged.items():
         if pool_seed not in HELD_OUT_POOL_SEEDS:
             continue
         for name, m in by_planner.items():
             row = planned[pool_seed, d][name]
-            model, predicted = row.get("model", "shipped cpu.pt"), np.asarray(row["predicted_ms"])
+            model = "shipped cpu.pt" if row.get("model_sha256") == shipped else row.get("model", "shipped cpu.pt")  # a copy of it too
+            predicted = np.asarray(row["predicted_ms"])
             levels.setdefault((d, model), []).extend(predicted / m.per_device)
-            itself.setdefault((d, model), []).append(m.passes_agree)
             for ours in {name.startswith("neuroshard"), False}:
                 errors.setdefault((d, model, ours), []).extend(np.abs(predicted / m.per_device - 1))
                 ranks.setdefault((d, model, ours), []).append(rank_correlation(predicted, m.per_device))
+                itself.setdefault((d, model, ours), []).append(m.passes_agree)
     for d, model in sorted({(d, model) for d, model, _ in errors}):
         mine, every = (d, model, True), (d, model, False)
         lines.append(
             f"| {d} | {model} | {len(ranks[every])} | {statistics.median(levels[d, model]):.3f} "
             f"| {_pct(errors.get(mine, []))} | {_pct(errors[every])} "
-            f"| {_median(ranks.get(mine, []))} | {_median(ranks[every])} | {_median(itself[d, model])} |"
+            f"| {_median(ranks.get(mine, []))} | {_median(ranks[every])} | {_median(itself.get(mine, []))} | {_median(itself[every])} |"
         )
     return lines
 
@@ -314,15 +301,48 @@ def shipped_text(planned: Mapping[tuple, Mapping[str, dict]]) -> str:
     stored): the shipped ``cpu.pt``'s, or an earlier shipped file's, naming the rows whose
     planning model is the file shipped now."""
     sha = file_sha256(model_file("cpu"))
-    made = {r.get("model_sha256") for rows in planned.values() if (r := rows.get("neuroshard")) and r["status"] == "ok"}
+    made = _neuroshard_models(planned)
     if made <= {sha}:
         return "NeuroShard's rows are the plans of the shipped `cpu.pt`"
-    now = sorted({n for rows in planned.values() for n, r in rows.items() if n.startswith("neuroshard_") and r.get("model_sha256") == sha})
+    now = _planned_by(planned, sha)
     return (
         f"NeuroShard's rows are the plans of the `cpu.pt` shipped when they were made (model sha256 "
         f"{', '.join(sorted(str(m) for m in made - {sha}))}), not of the file shipped now ({sha}), whose plans are the "
         f"rows {', '.join(now) or '(none yet)'}"
     )
+
+
+def _neuroshard_models(planned: Mapping[tuple, Mapping[str, dict]]) -> set[str | None]:
+    """The digests of the model files that made the "neuroshard" rows' plans."""
+    return {r.get("model_sha256") for rows in planned.values() if (r := rows.get("neuroshard")) and r["status"] == "ok"}
+
+
+def _planned_by(planned: Mapping[tuple, Mapping[str, dict]], sha: str) -> list[str]:
+    """The neuroshard_LABEL rows planned by the model file of digest ``sha``."""
+    return sorted({n for rows in planned.values() for n, r in rows.items() if n.startswith("neuroshard_") and r.get("model_sha256") == sha})
+
+
+def shipped_planner(planned: Mapping[tuple, Mapping[str, dict]]) -> str | None:
+    """The rows that hold the shipped ``cpu.pt``'s plans: "neuroshard" where that file made
+    them, else the first neuroshard_LABEL it made (``shipped_text`` names them all). Read
+    before ``scale.price_with_shipped`` re-prices the rows."""
+    sha = file_sha256(model_file("cpu"))
+    if _neuroshard_models(planned) <= {sha}:
+        return "neuroshard"
+    return next(iter(_planned_by(planned, sha)), None)
+
+
+def shipped_lines(shipped: str, planned: Mapping[tuple, Mapping[str, dict]], judged: Mapping[tuple, Mapping[str, Judged]], measured_rows: list[dict]) -> list[str]:
+    """``scale_ratios.versus_lines`` of the planner ``shipped`` (``shipped_planner``) over the
+    held-out tasks' last judged runs (``judged``: their passes by task)."""
+    runs = {}
+    for (pool_seed, devices), passes in judged.items():
+        last = last_judged(measured_rows, pool_seed, devices)
+        if pool_seed in HELD_OUT_POOL_SEEDS and last:
+            config = JudgeConfig.of(last[0])
+            status = planned[pool_seed, devices].get(TORCHREC, {}).get("status", "not planned")
+            runs[pool_seed, devices] = TaskRun(passes, final_judgements(last, config), range(config.first_draw, config.first_draw + config.draws), status)
+    return versus_lines(shipped, runs)
 
 
 def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None] | None = None) -> str:
@@ -331,7 +351,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
     planned_rows, measured_rows = read_rows(PLANNED), read_rows(MEASURED)
     tasks = sorted({(r["pool_seed"], r["devices"]) for r in planned_rows if "pool_seed" in r}, key=lambda t: (t[0] not in HELD_OUT_POOL_SEEDS, t))
     planned = {t: latest_plans(planned_rows, *t) for t in tasks}
-    whose = shipped_text(planned)  # read before ``price`` re-prices them
+    whose, shipped = shipped_text(planned), shipped_planner(planned)  # read before ``price`` re-prices them
     for t in tasks if price else []:
         price(*t, planned[t])
     judged = {t: judged_task(measured_rows, *t) for t in tasks}
@@ -361,9 +381,16 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
         ]  # fmt: skip
         for t in (t for t in tasks if t[0] == pool_seed):
             lines += task_lines(*t, planned[t], judged[t])
+    lines += shipped_lines(shipped, planned, judged, measured_rows) if shipped else []
     lines += judge_lines(measured_rows, tasks)
     lines += variant_lines(measured_rows, planned_rows)
-    lines += ["", "## The cost model against the measured devices (held-out pools)"]
+    lines += [
+        "", "## The cost model against the measured devices (held-out pools)", "",
+        "The judge's two passes ranked against each other (agreeing at a) say how far the measurement ranks a plan's "
+        "devices at all: a model that ranked them exactly would read about (2a / (1 + a)) ** 0.5 against the medians of "
+        "both passes (Spearman-Brown; 0.88 at a = 0.62, 0.58 at a = 0.2). Where a plan's devices differ by less than "
+        "the judge's noise (a balanced plan), neither ranks them.",
+    ]  # fmt: skip
     cpus = {t: cpu_label(last[0].get("cpu")) for t in tasks if (last := last_judged(measured_rows, *t))}
     for cpu in sorted(set(cpus.values())):  # a model's level is the CPU's: one table a CPU kind
         lines += ["", f"Judged on {cpu}:", ""] + model_lines(planned, {t: j for t, j in judged.items() if cpus.get(t) == cpu})

@@ -42,7 +42,8 @@ import numpy as np
 
 from benchmarks.scale import judge_task, planned_row, planning_model, scale_task, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import beside_stored, best_heuristic, interval_text, judged_task, ok_rows, task_lines
+from benchmarks.scale_ratios import best_heuristic, interval_text
+from benchmarks.scale_report import beside_stored, judged_task, ok_rows, task_lines
 from studies import steady_judge
 from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR, NeuralCostModel

@@ -43,7 +43,8 @@ from threadpoolctl import threadpool_limits
 
 from benchmarks.scale import final_round, judge_task, planning_model, plans_sha, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import best_heuristic, copy_text, latest_plans, ratio_text
+from benchmarks.scale_ratios import best_heuristic, ratio_text
+from benchmarks.scale_report import copy_text, latest_plans
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.judge import COPY, JudgeConfig
 from torchrec_neuroshard.lab.judgement import Judged, final_judgements, judgements, rank_correlation, wins

@@ -32,7 +32,8 @@ import numpy as np
 
 from benchmarks.scale import judge_task, planning_model, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED as SCALE_PLANNED
-from benchmarks.scale_report import best_heuristic, judged_task, last_judged, model_lines, ok_rows, task_lines
+from benchmarks.scale_ratios import best_heuristic
+from benchmarks.scale_report import judged_task, last_judged, model_lines, ok_rows, task_lines
 from studies.task_steps import over_tasks, task_parser
 from torchrec_neuroshard.costmodel import PRETRAINED_DIR
 from torchrec_neuroshard.lab.collect import read_rows

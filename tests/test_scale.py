@@ -238,7 +238,7 @@ def test_the_uvm_benchmarks_plan_each_task_on_its_own_held_out_pool_and_pool_0_o
 
 
 def test_the_report_says_whose_plans_neuroshards_rows_are() -> None:
-    from benchmarks.scale_report import file_sha256, shipped_text
+    from benchmarks.scale_report import file_sha256, shipped_planner, shipped_text
     from torchrec_neuroshard.costmodel import PRETRAINED_DIR
 
     shipped = file_sha256(PRETRAINED_DIR / "cpu.pt")
@@ -247,3 +247,28 @@ def test_the_report_says_whose_plans_neuroshards_rows_are() -> None:
     before = {(2, 8): {"neuroshard": {"status": "ok", "model_sha256": "old"}, "neuroshard_new": {"status": "ok", "model_sha256": shipped}}}
     assert "shipped when they were made (model sha256 old), not of the file shipped now" in shipped_text(before)
     assert shipped_text(before).endswith("whose plans are the rows neuroshard_new")
+    assert shipped_planner(now) == "neuroshard" and shipped_planner(before) == "neuroshard_new"
+
+
+def _judged(*device_ms: float, units: int = 4):
+    from torchrec_neuroshard.lab.judgement import Judged
+
+    return Judged(np.tile(np.asarray(device_ms), (units, 1)))  # [units, devices]
+
+
+def test_the_shipped_models_section_reads_every_task_against_torchrec_and_the_best_heuristic_and_pools_per_d() -> None:
+    from benchmarks.scale_ratios import TaskRun, versus_lines
+
+    ours = {"neuroshard_new": _judged(1.0, 1.0), "torchrec_timeout": _judged(2.0, 1.0), "lookup": _judged(1.0, 4.0), "size_lookup": _judged(1.0, 1.25)}
+    runs = {
+        (2, 8): TaskRun(ours, {}, range(4, 6), "ok"),
+        (3, 8): TaskRun({n: j for n, j in ours.items() if n != "torchrec_timeout"}, {}, range(6, 8), "no plan: PlannerError: storage"),
+        (2, 16): TaskRun({"lookup": _judged(1.0)}, {}, range(0, 2), "ok"),  # the shipped model's plan not judged: no row
+    }
+    lines = versus_lines("neuroshard_new", runs)
+    assert "| 8 | 2 | 4-5 | 0.500 (0.500-0.500) | - | 0.800 (0.800-0.800) | - | " in "\n".join(lines)
+    assert "| 8 | 3 | 6-7 | no plan (PlannerError) | - | 0.800 (0.800-0.800) | - | " in "\n".join(lines)
+    pooled = next(line for line in lines if "| pooled |" in line)
+    assert pooled.startswith("| 8 | pooled | | - | - | 0.800 (0.800-0.800), 2 pools | - |")  # TorchRec planned one pool: not pooled
+    assert not any(line.startswith("| 16 |") for line in lines)
+    assert versus_lines("neuroshard_new", {(2, 16): runs[2, 16]}) == []
