@@ -195,13 +195,20 @@ def plans_sha(plans: dict[str, Plan]) -> str:
     return plans_digest({n: p.to_dict() for n, p in plans.items()})
 
 
+def judged_on() -> str:
+    """The CPU a judge's rows name: this machine and the vector instructions torch's CPU
+    kernels use on it (two AMD EPYCs, one with AVX-512, timed kernels 2x apart on
+    2026-12-07 under one name)."""
+    return f"{local_hardware('cpu').describe()}, {torch.backends.cpu.get_cpu_capability()}"
+
+
 def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config: JudgeConfig, draws: list, out: Path) -> None:
     """The judge over ``plans`` of one task; rows appended to ``out`` with the digest of the
     plans (``plans_sha``), the judge's configuration and the CPU timing them, a device
     already measured for these plans on this CPU by this configuration skipped (re-run to
     resume; re-planned, on another machine or otherwise judged, all are timed again)."""
     sha = plans_sha(plans)
-    key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": local_hardware("cpu").describe()}
+    key = {"pool_seed": pool_seed, "devices": num_devices, "plans_sha": sha, "cpu": judged_on()}
     done = {(r["pass"], r["device"]) for r in read_rows(out) if all(r.get(k) == v for k, v in key.items()) and JudgeConfig.of(r) == config}
     config_row = dataclasses.asdict(config)
     judge_plans(
@@ -219,7 +226,7 @@ def final_round(num_devices: int, pool_seed: int, plans: dict[str, Plan], top: i
     run = last_judged(read_rows(out), pool_seed, num_devices)
     if not run:
         raise ValueError(f"pool {pool_seed}, D = {num_devices}: no judged run in {out}: run measure first")
-    config, cpu, sha = JudgeConfig.of(run[0]), local_hardware("cpu").describe(), run[0]["plans_sha"]
+    config, cpu, sha = JudgeConfig.of(run[0]), judged_on(), run[0]["plans_sha"]
     if any(r.get("stage") == FINAL for r in run):
         return
     if (run[0].get("cpu"), plans_sha(plans)) != (cpu, sha):

@@ -35,6 +35,12 @@ PLANNED = RESULTS / "scale_planned.jsonl.gz"
 MEASURED = RESULTS / "scale_measured.jsonl.gz"
 """The judge's rows: each (pass, device, draw) of each plan (``scale.py measure`` appends)."""
 RESULT = RESULTS / "scale.md"
+MODEL_NOTE = (
+    "The judge's two passes ranked against each other (agreeing at a) say how far the measurement ranks a plan's "
+    "devices at all: a model that ranked them exactly would read about (2a / (1 + a)) ** 0.5 against the medians of "
+    "both passes (Spearman-Brown; 0.88 at a = 0.62, 0.58 at a = 0.2). Where a plan's devices differ by less than "
+    "the judge's noise (a balanced plan), neither ranks them."
+)
 
 
 def latest_plans(rows: list[dict], pool_seed: int, devices: int) -> dict[str, dict]:
@@ -84,8 +90,10 @@ def copy_text(rows: list[dict], devices: int) -> str | None:
 
 def cpu_label(cpu: str | None) -> str:
     """A judge's row's ``cpu`` as the reports print the CPU kind ("AMD EPYC" of "cpu AMD
-    EPYC, 1 cores"); rows before 2026-11-29 did not record it (None)."""
-    return cpu.removeprefix("cpu ").split(",")[0] if cpu else "not recorded"
+    EPYC, 1 cores"; "AMD EPYC AVX512" of rows naming the vector instructions too, since
+    2026-12-07: ``scale.judged_on``); rows before 2026-11-29 did not record it (None)."""
+    name, *rest = cpu.removeprefix("cpu ").split(", ") if cpu else ("not recorded",)
+    return " ".join([name, *(part for part in rest if not part.endswith("cores"))])
 
 
 def judge_lines(measured_rows: list[dict], tasks: Sequence[tuple[int, int]]) -> list[str]:
@@ -163,9 +171,8 @@ def task_lines(pool_seed: int, devices: int, planned: dict[str, dict], judged: d
 
 
 def model_lines(planned: dict, judged: dict) -> list[str]:
-    """Per D and model, its per-device error on the plans it priced: NeuroShard's own (the
-    plans it made) and every plan (the baselines' are priced by the shipped model), beside
-    the judge's passes against each other on the same plans."""
+    """Per D and model, its per-device error on the plans it priced, NeuroShard's own and every
+    plan (the baselines' priced by the shipped model), beside the judge's passes' agreement."""
     lines = [
         "| D | model | plans | predicted / measured per device (median), every plan | MAPE per device, its NeuroShard plans "
         "| every plan it priced | rank correlation within a plan (median), its NeuroShard plans | every plan "
@@ -333,8 +340,7 @@ def shipped_planner(planned: Mapping[tuple, Mapping[str, dict]]) -> str | None:
 
 
 def shipped_lines(shipped: str, planned: Mapping[tuple, Mapping[str, dict]], judged: Mapping[tuple, Mapping[str, Judged]], measured_rows: list[dict]) -> list[str]:
-    """``scale_ratios.versus_lines`` of the planner ``shipped`` (``shipped_planner``) over the
-    held-out tasks' last judged runs (``judged``: their passes by task)."""
+    """``scale_ratios.versus_lines`` of ``shipped`` over the held-out tasks' last runs (``judged``: their passes)."""
     runs = {}
     for (pool_seed, devices), passes in judged.items():
         last = last_judged(measured_rows, pool_seed, devices)
@@ -384,13 +390,7 @@ def write_report(machine: str, price: Callable[[int, int, dict[str, dict]], None
     lines += shipped_lines(shipped, planned, judged, measured_rows) if shipped else []
     lines += judge_lines(measured_rows, tasks)
     lines += variant_lines(measured_rows, planned_rows)
-    lines += [
-        "", "## The cost model against the measured devices (held-out pools)", "",
-        "The judge's two passes ranked against each other (agreeing at a) say how far the measurement ranks a plan's "
-        "devices at all: a model that ranked them exactly would read about (2a / (1 + a)) ** 0.5 against the medians of "
-        "both passes (Spearman-Brown; 0.88 at a = 0.62, 0.58 at a = 0.2). Where a plan's devices differ by less than "
-        "the judge's noise (a balanced plan), neither ranks them.",
-    ]  # fmt: skip
+    lines += ["", "## The cost model against the measured devices (held-out pools)", "", MODEL_NOTE]
     cpus = {t: cpu_label(last[0].get("cpu")) for t in tasks if (last := last_judged(measured_rows, *t))}
     for cpu in sorted(set(cpus.values())):  # a model's level is the CPU's: one table a CPU kind
         lines += ["", f"Judged on {cpu}:", ""] + model_lines(planned, {t: j for t, j in judged.items() if cpus.get(t) == cpu})

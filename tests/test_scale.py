@@ -272,3 +272,14 @@ def test_the_shipped_models_section_reads_every_task_against_torchrec_and_the_be
     assert pooled.startswith("| 8 | pooled | | - | - | 0.800 (0.800-0.800), 2 pools | - |")  # TorchRec planned one pool: not pooled
     assert not any(line.startswith("| 16 |") for line in lines)
     assert versus_lines("neuroshard_new", {(2, 16): runs[2, 16]}) == []
+
+
+def test_a_judges_rows_name_the_cpu_and_its_vector_instructions_and_the_report_tells_them_apart() -> None:
+    import torch
+
+    from benchmarks.scale import judged_on
+    from benchmarks.scale_report import cpu_label
+
+    assert judged_on().endswith(f", {torch.backends.cpu.get_cpu_capability()}")
+    assert cpu_label("cpu AMD EPYC, 1 cores, AVX512") == "AMD EPYC AVX512" != cpu_label("cpu AMD EPYC, 1 cores, AVX2")
+    assert cpu_label("cpu AMD EPYC, 1 cores") == "AMD EPYC" and cpu_label(None) == "not recorded"
