@@ -56,16 +56,17 @@ def test_planning_beyond_hbm_beside_torchrec_is_the_committed_runs() -> None:
 
 def test_planning_at_scale_is_the_committed_plans() -> None:
     """The shipped model's search and TorchRec's plan() per D, over the held-out pools' last plans."""
-    from benchmarks.scale_report import file_sha256
-    from torchrec_neuroshard.costmodel.shipped import model_file
+    from benchmarks.scale_report import shipped_planner
 
     last = {}  # (pool, D, planner) -> row
     for r in read_rows(ROWS / "scale_planned.jsonl.gz"):
         if r.get("pool_seed") in HELD_OUT_POOL_SEEDS:
             last[r["pool_seed"], r["devices"], r["planner"]] = r
     seconds = lambda name, d=None: [r["planning_s"] for (_, dd, n), r in last.items() if n == name and d in (None, dd)]  # noqa: E731
-    shipped = file_sha256(model_file("cpu"))
-    ours = _range([r["planning_s"] for (_, _, n), r in last.items() if n.startswith("neuroshard") and r.get("model_sha256") == shipped], 1)
+    by_task: dict[tuple, dict[str, dict]] = {}
+    for (pool_seed, devices, name), r in last.items():
+        by_task.setdefault((pool_seed, devices), {})[name] = r
+    ours = _range(seconds(shipped_planner(by_task)), 1)
     per_d = ", ".join(f"{_range(seconds('torchrec_timeout', d), 0)} s at D = {d}" for d in (8, 16, 32, 128))
     assert f"NeuroShard's search {ours} s" in README and f"vs TorchRec's planner {_range(seconds('torchrec_timeout'), 0)} s" in README
     section = _section("At scale, measured")
