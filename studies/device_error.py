@@ -30,28 +30,29 @@ from benchmarks.scale import planning_model
 from benchmarks.scale_report import MEASURED, PLANNED, cpu_label, judged_task, last_judged, latest_plans
 from torchrec_neuroshard.costmodel import model_named
 from torchrec_neuroshard.lab.collect import read_rows
-from torchrec_neuroshard.lab.kernel_correction import mean_width, priced_pairs
+from torchrec_neuroshard.lab.kernel_correction import footprint, mean_width, priced_pairs
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS
 from torchrec_neuroshard.search import predicted_breakdown
 from torchrec_neuroshard.types import Plan, Shard, ShardingKind
 
 OUT = Path(__file__).parent / "results" / "device_error.md"
 PAIRS = Path(__file__).parents[1] / "torchrec_neuroshard" / "lab" / "data" / "cpu_compute_devices_seed1.jsonl.gz"
-HOLDINGS = ("mean width", "shards", "heaviest share", "lookups per ms")
+HOLDINGS = ("mean width", "shards", "heaviest share", "lookups per ms", "footprint")
 
 
-def holdings(shards: list[Shard], price_ms: float) -> np.ndarray:
-    """[4] log of a device's lookup-weighted mean width, its shard count, its heaviest
-    shard's share of its lookups (pooling factor x width), and its lookups per ms of
-    ``price_ms``, the model's price of it (what a work correction reads: ``KernelCorrection``)."""
+def holdings(shards: list[Shard], price_ms: float, batch_size: int) -> np.ndarray:
+    """[5] log of a device's lookup-weighted mean width, its shard count, its heaviest
+    shard's share of its lookups (pooling factor x width), its lookups per ms of
+    ``price_ms``, the model's price of it (what a work correction reads: ``KernelCorrection``),
+    and the bytes of rows a batch of ``batch_size`` reads in it (``kernel_correction.footprint``)."""
     lookups = np.array([s.table.pooling_factor * s.width for s in shards])  # [S]
-    return np.log([mean_width(shards), len(shards), lookups.max() / lookups.sum(), lookups.sum() / price_ms])
+    return np.log([mean_width(shards), len(shards), lookups.max() / lookups.sum(), lookups.sum() / price_ms, footprint(shards, batch_size)])
 
 
 def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_rows: list[dict], planned_rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Every judged device of the plans without row splits or replicas at D = ``devices``:
     its error (log measured / priced by the model file ``path``, less its plan's mean) [N]
-    and holdings (``holdings``, less its plan's mean) [N, 4]."""
+    and holdings (``holdings``, less its plan's mean) [N, 5]."""
     errors, held = [], []
     for pool_seed in pool_seeds:
         judged, planned = judged_task(measured_rows, pool_seed, devices), latest_plans(planned_rows, pool_seed, devices)
@@ -63,7 +64,7 @@ def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_ro
             _, per_device = predicted_breakdown(model, task, plan)
             kept = [(d, shards) for d, shards in enumerate(plan.device_shards(task.tables)) if shards]
             error = np.log([measured.per_device[d] / per_device[d].compute for d, _ in kept])  # [devices]
-            held_plan = np.array([holdings(shards, per_device[d].compute) for d, shards in kept])  # [devices, 4]
+            held_plan = np.array([holdings(shards, per_device[d].compute, task.batch_size) for d, shards in kept])  # [devices, 5]
             errors.append(error - error.mean())
             held.append(held_plan - held_plan.mean(0))
     return np.concatenate(errors), np.concatenate(held)
@@ -71,10 +72,10 @@ def held_out_devices(path: str, devices: int, pool_seeds: list[int], measured_ro
 
 def pair_differences(path: str, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
     """Each whole pair's difference (first member less second) of the error (log measured
-    / priced by ``path``) [P] and of the holdings [P, 4]."""
+    / priced by ``path``) [P] and of the holdings [P, 5]."""
     pairs = priced_pairs(model_named(path), rows)
     errors = [pair.errors[0] - pair.errors[1] for pair in pairs]
-    held = [np.subtract(*(holdings(s, price) for s, price in zip(pair.shards, pair.prices))) for pair in pairs]
+    held = [np.subtract(*(holdings(s, price, batch) for s, price, batch in zip(pair.shards, pair.prices, pair.batches))) for pair in pairs]
     return np.array(errors), np.array(held)
 
 

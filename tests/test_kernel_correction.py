@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, load_pretrained
-from torchrec_neuroshard.costmodel.nets import KernelCorrection
+from torchrec_neuroshard.costmodel.nets import KernelCorrection, shard_footprint
 from torchrec_neuroshard.lab.collect import append_rows, read_rows, shard_record
 from torchrec_neuroshard.lab.collect_devices import DEVICE_GROUP_OFFSET
-from torchrec_neuroshard.lab.kernel_correction import correction_input, fit, lookups, mean_width, read_pairs, without_correction
+from torchrec_neuroshard.lab.kernel_correction import correction_input, fit, footprint, lookups, mean_width, read_pairs, without_correction
 from torchrec_neuroshard.lab.workloads import WorkloadScale, generate_task, synthetic_pool, table_spec
 from torchrec_neuroshard.search import predicted_breakdown
 from torchrec_neuroshard.heuristics import baseline_plan
-from torchrec_neuroshard.types import Shard
+from torchrec_neuroshard.types import NUM_ACCESS_BINS, Shard, TableSpec
 
 BATCH = 4096
 
@@ -31,8 +31,8 @@ def plain() -> NeuralCostModel:
     return plain_model()
 
 
-def corrected(model: NeuralCostModel, slope: float, reference: float, form: str = "width") -> NeuralCostModel:
-    meta = {**model.meta, "kernel_correction": {"form": form, "slope": slope, "reference": reference}}
+def corrected(model: NeuralCostModel, slope: float, reference: float, form: str = "width", **footprint: float) -> NeuralCostModel:
+    meta = {**model.meta, "kernel_correction": {"form": form, "slope": slope, "reference": reference, **footprint}}
     return NeuralCostModel(model.compute_net, model.compute_norm, model.comm, meta, model.batch_scale, model.sequence)
 
 
@@ -72,6 +72,31 @@ def test_a_work_correction_blends_the_nets_price_with_the_kernels_lookups(plain)
     assert by_lookups.kernel_ms(first, BATCH) == pytest.approx(lookups(first) / 100.0, rel=1e-5)
 
 
+def test_a_shards_footprint_is_its_distinct_rows_a_batch_reads_times_its_row_bytes() -> None:
+    """Every id read once (all the histogram in bin 0): distinct rows = lookups, at most the
+    table's rows; read 12 times each (bin 4, (8, 16]): a twelfth; a row shard its share."""
+    once = (1.0,) + (0.0,) * (NUM_ACCESS_BINS - 1)
+    table = TableSpec("t", rows=100_000, dim=64, pooling_factor=2.0, access_hist=once)
+    assert shard_footprint(Shard(table, 32), 1000) == pytest.approx(2000 * 32 * 4)
+    assert shard_footprint(Shard(table, 64), 10**6) == pytest.approx(100_000 * 64 * 4)  # capped at the table's rows
+    twelve = tuple(1.0 if i == 4 else 0.0 for i in range(NUM_ACCESS_BINS))
+    assert shard_footprint(Shard(TableSpec("u", 100_000, 64, 6.0, twelve), 64), 1000) == pytest.approx(500 * 64 * 4)
+    half = Shard(table, 64, rows=50_000)
+    assert shard_footprint(half, 10**6) == pytest.approx(50_000 * 64 * 4)
+
+
+def test_a_footprint_correction_multiplies_the_work_correction_by_the_kernels_footprint(plain) -> None:
+    shards = kernels(1, 7)[0]
+    base, rate, size = plain.kernel_ms(shards, BATCH), lookups(shards) / plain.kernel_ms(shards, BATCH), footprint(shards, BATCH)
+    both = corrected(plain, 0.1, rate / 2, "work+footprint", footprint_slope=0.3, footprint_reference=size / 4)
+    assert both.kernel_ms(shards, BATCH) == pytest.approx(base * 2**0.1 * 4**0.3, rel=1e-5)
+    assert corrected(plain, 0.1, rate / 2, "work").kernel_ms(shards, BATCH) == pytest.approx(base * 2**0.1, rel=1e-5)
+    with pytest.raises(ValueError, match="only the form 'work\\+footprint' reads the footprint"):
+        KernelCorrection("work", 0.1, 1.0, footprint_slope=0.2)
+    with pytest.raises(ValueError, match="positive references"):
+        KernelCorrection("work+footprint", 0.1, 1.0, 0.2, 0.0)
+
+
 def test_a_file_of_format_5_reads_its_width_correction(plain) -> None:
     meta = {**plain.meta, "width_correction": {"slope": 0.3, "reference": 20.0}}
     old = NeuralCostModel(plain.compute_net, plain.compute_norm, plain.comm, meta, plain.batch_scale, plain.sequence)
@@ -80,40 +105,45 @@ def test_a_file_of_format_5_reads_its_width_correction(plain) -> None:
     assert without_correction(old).kernel_ms(shards, BATCH) == pytest.approx(plain.kernel_ms(shards, BATCH), rel=1e-6)
 
 
-@pytest.mark.parametrize("form,reference", [("width", 40.0), ("work", 300.0)])
+@pytest.mark.parametrize("form,reference", [("width", 40.0), ("work", 300.0), ("work+footprint", 300.0)])
 def test_the_search_prices_each_device_of_a_plan_as_a_kernel_of_its_shards_with_the_correction(plain, form, reference) -> None:
     """Devices' embeddings are summed before the head (the search's pooled rows): the
-    correction's lookup columns sum with them, so a device is priced as its kernel."""
+    correction's lookup and footprint columns sum with them, so a device is priced as its kernel."""
     task = generate_task(synthetic_pool(), 40, 4, WorkloadScale(), seed=3)
-    model = corrected(plain, 0.25, reference, form).with_batch_size(task.batch_size)
+    extra = {"footprint_slope": 0.2, "footprint_reference": 3e7} if form == "work+footprint" else {}
+    model = corrected(plain, 0.25, reference, form, **extra).with_batch_size(task.batch_size)
     plan = baseline_plan("size", task)
     _, devices = predicted_breakdown(model, task, plan)
     _, before = predicted_breakdown(plain.with_batch_size(task.batch_size), task, plan)
     for d, shards in enumerate(plan.device_shards(task.tables)):
         assert devices[d].compute == pytest.approx(model.kernel_ms(shards, task.batch_size), rel=1e-4)
         x = mean_width(shards) if form == "width" else lookups(shards) / before[d].compute
-        assert devices[d].compute / before[d].compute == pytest.approx((x / reference) ** 0.25, rel=1e-4)
+        by_footprint = (footprint(shards, task.batch_size) / 3e7) ** 0.2 if extra else 1.0
+        assert devices[d].compute / before[d].compute == pytest.approx((x / reference) ** 0.25 * by_footprint, rel=1e-4)
 
 
 def pair_rows(form: str, seed: int, slope: float = 0.2) -> list[dict]:
     """12 pairs of kernels timed at the nets' price x (x / 32) ** ``slope`` (x: ``form``'s
-    quantity) x a level that drifts from pair to pair, as device-pair rows."""
-    rng, reference = np.random.default_rng(seed), {"width": 32.0, "work": 300.0}[form]
+    quantity; "work+footprint": times (footprint / 3e7) ** -0.1) x a level that drifts from
+    pair to pair, as device-pair rows."""
+    rng, reference = np.random.default_rng(seed), {"width": 32.0, "work": 300.0, "work+footprint": 300.0}[form]
     rows = []
     for pair, members in enumerate(zip(*[iter(kernels(24, seed))] * 2)):
         drift = float(rng.uniform(0.5, 2.0))
         for member, shards in enumerate(members):
             price = plain_model().kernel_ms(shards, BATCH)
             ms = price * (correction_input(plain_model(), form, shards, BATCH, price) / reference) ** slope * drift
+            ms *= (footprint(shards, BATCH) / 3e7) ** -0.1 if form == "work+footprint" else 1.0
             rows.append({"group": DEVICE_GROUP_OFFSET + pair, "pair": pair, "pair_member": member, "batch_size": BATCH, "shards": [shard_record(s) for s in shards], "fwd_ms": ms / 3, "bwd_ms": 2 * ms / 3})
     return rows
 
 
-@pytest.mark.parametrize("form", ["width", "work"])
+@pytest.mark.parametrize("form", ["width", "work", "work+footprint"])
 def test_the_fit_recovers_the_law_under_a_drift_that_each_pair_shares(plain, form, tmp_path: Path) -> None:
-    """The fit reads the slope within pairs, and the model file keeps the correction."""
+    """The fit reads the slopes within pairs, and the model file keeps the correction."""
     model, record = fit(corrected(plain, -1.0, 10.0, form), pair_rows(form, 1), form)  # a correction already there is refitted, not compounded
     assert record["form"] == form and record["slope"] == pytest.approx(0.2, abs=1e-3) and record["pairs"] == 12
+    assert record.get("footprint_slope", 0.0) == pytest.approx(-0.1 if form == "work+footprint" else 0.0, abs=1e-3)
     assert record["pair_error_sd"]["after"] < 1e-3 < record["pair_error_sd"]["before"]
     model.save(tmp_path / "corrected.pt")
     loaded = NeuralCostModel.load(tmp_path / "corrected.pt")

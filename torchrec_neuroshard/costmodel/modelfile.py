@@ -23,7 +23,7 @@ from torchrec_neuroshard.types import ShardingError
 
 FEATURE_VERSION = 1
 MODEL_FORMAT = "torchrec-neuroshard/costmodel"
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 """1: compute and comm nets always present. 2: the comm net is optional (a model measured on
 one GPU has none) and ``meta["hardware"]`` records the core count of a CPU. 3: an optional
 second compute net for the unpooled (sequence, EmbeddingCollection) kernel. 4: a compute
@@ -35,7 +35,9 @@ the pooled kernel (``costmodel.batchshift``: ``batch_shift_state``, ``batch_shif
 ``meta["batch_shift"]``); a reader before it would price other batches without it. 7:
 ``meta["kernel_correction"]`` (``nets.KernelCorrection``: a form, ``"width"`` as version 5's
 ``meta["width_correction"]``, which it still reads, or ``"work"``); a reader before it would
-price without it. The meta also
+price without it. 8: the kernel correction's form ``"work+footprint"`` (its
+``footprint_slope`` and ``footprint_reference``); a reader before it would price without the
+footprint. The meta also
 records each compute net's ``feature_range``, added without a new version: older readers
 ignore it, and files without it load with a warning."""
 

@@ -33,7 +33,7 @@ from torchrec_neuroshard.costmodel.features import (
     feature_names,
     shard_features,
 )
-from torchrec_neuroshard.types import Shard
+from torchrec_neuroshard.types import NUM_ACCESS_BINS, Shard
 
 if TYPE_CHECKING:  # the shift's module builds its net with ``mlp``
     from torchrec_neuroshard.costmodel.batchshift import BatchShift
@@ -123,7 +123,22 @@ def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.
     return x
 
 
-CORRECTION_FORMS = ("width", "work")
+CORRECTION_FORMS = ("width", "work", "work+footprint")
+
+
+ACCESS_BIN_READS = np.array([1.0] + [1.5 * 2 ** (i - 1) for i in range(1, NUM_ACCESS_BINS)])
+"""[17] reads per distinct row at each access-histogram bin's middle ((2^(i-1), 2^i] for i > 0)."""
+
+
+def shard_footprint(shard: Shard, batch_size: int) -> float:
+    """Bytes of weights a batch of ``batch_size`` samples reads in ``shard``: its expected
+    distinct rows (the lookups over the mean reads per distinct row of the table's access
+    histogram, at most its rows; a row shard its share of them) x its width x bytes per element. The histogram is the
+    table's at the batch it was profiled at; at another batch this is an estimate."""
+    table = shard.table
+    reads = float(np.dot(table.access_hist, ACCESS_BIN_READS))
+    distinct = min(batch_size * table.pooling_factor / max(reads, 1.0), table.rows) * shard.num_rows / table.rows
+    return distinct * shard.width * table.bytes_per_element
 
 
 @dataclass(frozen=True)
@@ -135,17 +150,32 @@ class KernelCorrection:
     - "width": lookup-weighted mean width, sum(pooling factor x width) / sum(pooling factor);
     - "work": lookups per ms as the nets price it, sum(pooling factor x width) / price (at
       the net's own batch): a slope of 1 prices kernels by their lookups alone, 0 by the
-      net alone, and between them a geometric blend of the two."""
+      net alone, and between them a geometric blend of the two;
+    - "work+footprint": as "work", times (footprint / ``footprint_reference``) **
+      ``footprint_slope``, footprint the bytes of rows a batch reads in the kernel
+      (``shard_footprint`` summed): a kernel whose rows outgrow the caches reads them slower,
+      which the net, trained on kernels of 1-15 tables, does not see."""
 
     form: str
     slope: float
     reference: float
+    footprint_slope: float = 0.0
+    footprint_reference: float = 1.0
 
     def __post_init__(self) -> None:
         if self.form not in CORRECTION_FORMS:
             raise ValueError(f"KernelCorrection(form={self.form!r}): give one of {CORRECTION_FORMS}")
-        if not (np.isfinite(self.slope) and np.isfinite(self.reference) and self.reference > 0):
-            raise ValueError(f"KernelCorrection(slope={self.slope}, reference={self.reference}): give a finite slope and a positive reference")
+        if not all(np.isfinite(x) for x in (self.slope, self.reference, self.footprint_slope, self.footprint_reference)) or min(self.reference, self.footprint_reference) <= 0:
+            raise ValueError(
+                f"KernelCorrection(slope={self.slope}, reference={self.reference}, footprint_slope={self.footprint_slope}, "
+                f"footprint_reference={self.footprint_reference}): give finite slopes and positive references"
+            )
+        if self.footprint_slope and self.form != "work+footprint":
+            raise ValueError(f"KernelCorrection(form={self.form!r}, footprint_slope={self.footprint_slope}): only the form 'work+footprint' reads the footprint")
+
+    @property
+    def reads_footprint(self) -> bool:
+        return self.form == "work+footprint"
 
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> "KernelCorrection | None":
@@ -154,14 +184,21 @@ class KernelCorrection:
         stored = meta.get("kernel_correction")
         if stored is None and "width_correction" in meta:
             stored = {"form": "width", **meta["width_correction"]}
-        return KernelCorrection(str(stored["form"]), float(stored["slope"]), float(stored["reference"])) if stored is not None else None
+        if stored is None:
+            return None
+        footprint = {k: float(stored[k]) for k in ("footprint_slope", "footprint_reference") if k in stored}
+        return KernelCorrection(str(stored["form"]), float(stored["slope"]), float(stored["reference"]), **footprint)
 
-    def factor(self, lookups: np.ndarray, pooling: np.ndarray, price: np.ndarray) -> np.ndarray:
-        """[N, 1] each kernel's multiplier from its summed pooling factor x width and pooling
-        factors and its total ms as the nets price it [N, 1] each (1 where it has no lookups)."""
+    def factor(self, lookups: np.ndarray, pooling: np.ndarray, price: np.ndarray, footprint: np.ndarray | None = None) -> np.ndarray:
+        """[N, 1] each kernel's multiplier from its summed pooling factor x width, pooling
+        factors and footprint (bytes; read by "work+footprint" alone) and its total ms as
+        the nets price it [N, 1] each (1 where it has no lookups)."""
         denominator = pooling if self.form == "width" else price
         x = np.where(denominator > 0, lookups / np.maximum(denominator, 1e-30), self.reference)
-        return (np.maximum(x, 1e-30) / self.reference) ** self.slope
+        out = (np.maximum(x, 1e-30) / self.reference) ** self.slope
+        if self.reads_footprint:
+            out = out * (np.maximum(footprint, 1e-30) / self.footprint_reference) ** self.footprint_slope
+        return out
 
 
 @dataclass(frozen=True)
@@ -269,12 +306,12 @@ class KernelNet:
 
     @torch.no_grad()
     def embed(self, shards: Sequence[Shard], batch_size: int) -> np.ndarray:
-        """Shard rows at ``batch_size``, float32 [S, hidden + 3 (+ 2)] = [the head's first layer (no bias) applied
+        """Shard rows at ``batch_size``, float32 [S, hidden + 3 (+ 3)] = [the head's first layer (no bias) applied
         to the net's embedding of the shard as ``priced``, moved by the batch shift where there is
         one | the (forward, backward) ms its
         copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
-        the trained range | with a correction, its pooling factor x width and its
-        pooling factor | 1]. The head pools the embeddings by summing and its first
+        the trained range | with a correction, its pooling factor x width, its
+        pooling factor and its footprint (``shard_footprint``; 0 unless the correction reads it) | 1]. The head pools the embeddings by summing and its first
         layer is linear, so that layer commutes with the pooling: it is applied once per
         shard here, and a device's cost is the rest of the head (``cost``). Pooled over a
         device, the middle columns sum the devices' extra ms (and lookups) and the last
@@ -292,7 +329,8 @@ class KernelNet:
         parts = [lifted, extra]
         if self.correction is not None:
             pooling = np.asarray([s.table.pooling_factor for s in shards], dtype=emb.dtype)  # [S]
-            parts.append(np.stack([pooling * np.asarray([s.width for s in shards], dtype=emb.dtype), pooling], axis=1))  # [S, 2]
+            footprint = [shard_footprint(s, batch_size) if self.correction.reads_footprint else 0.0 for s in shards]
+            parts.append(np.stack([pooling * np.asarray([s.width for s in shards], dtype=emb.dtype), pooling, np.asarray(footprint, dtype=emb.dtype)], axis=1))  # [S, 3]
         return np.concatenate([*parts, np.ones((len(shards), 1), dtype=emb.dtype)], axis=1)
 
     def cost(self, pooled: np.ndarray) -> np.ndarray:
@@ -312,7 +350,7 @@ class KernelNet:
         else:  # every kernel within the trained size (the search's hot path)
             out = np.exp(self._rest_of_head(lifted)) + extra
         if self.correction is not None:
-            out = out * self.correction.factor(pooled[:, -3:-2], pooled[:, -2:-1], out.sum(1, keepdims=True))
+            out = out * self.correction.factor(pooled[:, -4:-3], pooled[:, -3:-2], out.sum(1, keepdims=True), pooled[:, -2:-1])
         return np.where(count > 0, out, 0.0)
 
     def _rest_of_head(self, lifted: np.ndarray) -> np.ndarray:
@@ -330,4 +368,4 @@ class KernelNet:
     @property
     def width(self) -> int:
         """Columns of an ``embed`` row."""
-        return int(self.net.config["hidden"]) + 3 + (2 if self.correction is not None else 0)
+        return int(self.net.config["hidden"]) + 3 + (3 if self.correction is not None else 0)

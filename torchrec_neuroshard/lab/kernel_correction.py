@@ -7,12 +7,13 @@ device-sized kernels timed in pairs; its nets stay bit for bit as they are.
 
 The compute net prices a kernel from the sum of its shards' embeddings, and on kernels of
 16-128 tables its error grows with what their lookups read (studies/device_error.py: the
-same on held-out pools at D = 8-128): with their mean width (``--form width``) and with
-their lookups per ms of its price (``--form work``). Within a pair (two kernels timed in
-turn) the machine's drift cancels: each pair's difference of log(measured / the nets'
-price) is regressed, through 0, on its difference of log x (the form's quantity,
-``KernelCorrection``). The slope is the correction's; its reference is the geometric mean
-of x over the pairs' kernels, so a kernel there keeps its price.
+same on held-out pools at D = 8-128): with their mean width (``--form width``), with
+their lookups per ms of its price (``--form work``), and with that and the bytes of rows a
+batch reads in them (``--form work+footprint``). Within a pair (two kernels timed in turn)
+the machine's drift cancels: each pair's difference of log(measured / the nets' price) is
+regressed, through 0, on its difference of log x (the form's quantities,
+``KernelCorrection``). The slopes are the correction's; each reference is the geometric mean
+of its x over the pairs' kernels, so a kernel there keeps its price.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
-from torchrec_neuroshard.costmodel.nets import CORRECTION_FORMS, KernelCorrection
+from torchrec_neuroshard.costmodel.nets import CORRECTION_FORMS, KernelCorrection, shard_footprint
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
 from torchrec_neuroshard.lab.collect_devices import pairs_apart, whole_pairs
 from torchrec_neuroshard.types import Shard, ShardingError
@@ -46,6 +47,11 @@ def correction_input(model: NeuralCostModel, form: str, shards: Sequence[Shard],
     if form == "width":
         return mean_width(shards)
     return lookups(shards) / (price_ms / model.pooled_kernel.batch_factor(batch_size))
+
+
+def footprint(shards: Sequence[Shard], batch_size: int) -> float:
+    """A kernel's bytes of rows a batch reads (``nets.shard_footprint`` summed)."""
+    return float(sum(shard_footprint(s, batch_size) for s in shards))
 
 
 def without_correction(model: NeuralCostModel) -> NeuralCostModel:
@@ -76,11 +82,15 @@ def priced_pairs(model: NeuralCostModel, rows: Sequence[dict]) -> list[PricedPai
 
 def pair_terms(model: NeuralCostModel, form: str, rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Over the whole pairs of ``rows`` (``priced_pairs``): each pair's difference (first
-    member less second) of log(measured / ``model``'s price) [P] and of log x [P], and
-    every member's x [2P] (``correction_input``)."""
+    member less second) of log(measured / ``model``'s price) [P] and of log x [P, k], and
+    every member's x [2P, k] (k = 1, or 2 for "work+footprint": ``correction_input`` and
+    the footprint)."""
     errors, terms, every = [], [], []
     for pair in priced_pairs(model, rows):
-        x = [correction_input(model, form, *member) for member in zip(pair.shards, pair.batches, pair.prices)]
+        x = [
+            [correction_input(model, form, *member)] + ([footprint(member[0], member[1])] if form == "work+footprint" else [])
+            for member in zip(pair.shards, pair.batches, pair.prices)
+        ]  # [2, k]
         errors.append(pair.errors[0] - pair.errors[1])
         terms.append(np.log(x[0]) - np.log(x[1]))
         every += x
@@ -91,21 +101,19 @@ def pair_terms(model: NeuralCostModel, form: str, rows: Sequence[dict]) -> tuple
 
 def fit(model: NeuralCostModel, rows: Sequence[dict], form: str = "width") -> tuple[NeuralCostModel, dict]:
     """``model`` with a correction of ``form`` fitted on the device pairs of ``rows`` (its own
-    dropped first), and the record kept in its meta: form, slope, reference, pairs, and the
+    dropped first), and the record kept in its meta: form, slopes, references, pairs, and the
     pairs' error sd before and after."""
     if form not in CORRECTION_FORMS:
         raise ValueError(f"form={form!r}: give one of {CORRECTION_FORMS}")
     plain = without_correction(model)
-    errors, terms, every = pair_terms(plain, form, rows)  # [P], [P], [2P]
-    slope = float(terms @ errors / (terms @ terms))
-    correction = KernelCorrection(form, slope, float(np.exp(np.log(every).mean())))
-    record = {
-        "form": form,
-        "slope": correction.slope,
-        "reference": correction.reference,
-        "pairs": len(errors),
-        "pair_error_sd": {"before": float(errors.std()), "after": float((errors - slope * terms).std())},
-    }
+    errors, terms, every = pair_terms(plain, form, rows)  # [P], [P, k], [2P, k]
+    slopes = np.linalg.lstsq(terms, errors, rcond=None)[0]  # [k]
+    references = np.exp(np.log(every).mean(0))  # [k]
+    record = {"form": form, "slope": float(slopes[0]), "reference": float(references[0])}
+    if form == "work+footprint":
+        record |= {"footprint_slope": float(slopes[1]), "footprint_reference": float(references[1])}
+    KernelCorrection.from_meta({"kernel_correction": record})  # validates
+    record |= {"pairs": len(errors), "pair_error_sd": {"before": float(errors.std()), "after": float((errors - terms @ slopes).std())}}
     return plain.with_meta({**plain.meta, "kernel_correction": record}), record
 
 
@@ -124,8 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     model, record = fit(model_named(args.model), read_pairs(args.pairs), args.form)
     model.save(args.out)
     sd = record["pair_error_sd"]
+    footprint_part = f", footprint slope {record['footprint_slope']:.4f}, reference {record['footprint_reference']:.4g} bytes" if "footprint_slope" in record else ""
     print(
-        f"{args.form} correction: slope {record['slope']:.4f}, reference {record['reference']:.4g}, from {record['pairs']} pairs; "
+        f"{args.form} correction: slope {record['slope']:.4f}, reference {record['reference']:.4g}{footprint_part}, from {record['pairs']} pairs; "
         f"the pairs' log-error sd {sd['before']:.3f} -> {sd['after']:.3f} (in sample); saved {args.out}"
     )
 
