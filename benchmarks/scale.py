@@ -150,7 +150,7 @@ def plan_all(
     report and the judge read the last row of each). ``measured_comm``: NeuroShard prices
     collectives by its model's own (gloo) comm, not the topology's links."""
     task, model = planning_model(num_devices, pool_seed, model_path, measured_comm)
-    planned_by = {"commit": commit(), "cpu": local_hardware("cpu").describe()}
+    planned_by = {"commit": commit(), "cpu": judged_on()}
     for name in planners:
         row = {"pool_seed": pool_seed, "devices": num_devices, "planner": name, **planned_by}
         if name.startswith("neuroshard"):
@@ -196,9 +196,9 @@ def plans_sha(plans: dict[str, Plan]) -> str:
 
 
 def judged_on() -> str:
-    """The CPU a judge's rows name: this machine and the vector instructions torch's CPU
-    kernels use on it (two AMD EPYCs, one with AVX-512, timed kernels 2x apart on
-    2026-12-07 under one name)."""
+    """The CPU a judge's and a plan's rows name: this machine and the vector instructions
+    torch's CPU kernels use on it (two AMD EPYCs, one with AVX-512, timed kernels 2x apart on
+    2026-12-07 under one name, and made two near-tie plans otherwise)."""
     return f"{local_hardware('cpu').describe()}, {torch.backends.cpu.get_cpu_capability()}"
 
 

@@ -7,6 +7,7 @@ import pytest
 from benchmarks.scale import POOL_SEEDS, scale_task
 from benchmarks.scale_report import judge_lines, judged_task, latest_plans, variant_lines
 from torchrec_neuroshard.heuristics import baseline_plan
+from torchrec_neuroshard.lab.collect import read_rows
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.published_comm import INTER_HOST_GBPS, INTRA_HOST_GBPS, LATENCY_MS, PublishedLinks, modelled_comm
 from torchrec_neuroshard.lab.workloads import HELD_OUT_POOL_SEEDS, TRAINING_POOL_SEEDS, WorkloadScale, generate_task, synthetic_pool
@@ -195,7 +196,7 @@ def test_the_report_prices_every_plan_by_the_shipped_model_but_another_models_ow
 
 def test_a_kept_plan_is_the_last_plan_under_a_new_name_with_its_model_named(tmp_path, monkeypatch) -> None:
     import benchmarks.scale as scale
-    from torchrec_neuroshard.lab.collect import append_rows, read_rows
+    from torchrec_neuroshard.lab.collect import append_rows
 
     path = tmp_path / "planned.jsonl.gz"
     monkeypatch.setattr(scale, "PLANNED", path)
@@ -283,3 +284,14 @@ def test_a_judges_rows_name_the_cpu_and_its_vector_instructions_and_the_report_t
     assert judged_on().endswith(f", {torch.backends.cpu.get_cpu_capability()}")
     assert cpu_label("cpu AMD EPYC, 1 cores, AVX512") == "AMD EPYC AVX512" != cpu_label("cpu AMD EPYC, 1 cores, AVX2")
     assert cpu_label("cpu AMD EPYC, 1 cores") == "AMD EPYC" and cpu_label(None) == "not recorded"
+
+
+def test_a_plans_row_names_the_cpu_as_the_judges_rows_do(tmp_path, monkeypatch) -> None:
+    """Near-tie plans differ between AVX2 and AVX-512 machines of one name: a planned row
+    names the vector instructions as a judged row does (``judged_on``)."""
+    import benchmarks.scale as scale
+
+    monkeypatch.setattr(scale, "PLANNED", tmp_path / "planned.jsonl.gz")
+    scale.plan_all(8, 2, 60, ["lookup"], None)
+    (row,) = read_rows(tmp_path / "planned.jsonl.gz")
+    assert row["planner"] == "lookup" and row["status"] == "ok" and row["cpu"] == scale.judged_on()
