@@ -21,6 +21,7 @@ from torchrec_neuroshard.types import NUM_ACCESS_BINS, Shard, TableSpec
 BATCH = 4096
 
 
+
 @functools.cache
 def plain_model() -> NeuralCostModel:
     return load_pretrained("cpu")
@@ -85,11 +86,13 @@ def test_a_shards_footprint_is_its_distinct_rows_a_batch_reads_times_its_row_byt
     assert shard_footprint(half, 10**6) == pytest.approx(50_000 * 64 * 4)
 
 
-def test_a_footprint_correction_multiplies_the_work_correction_by_the_kernels_footprint(plain) -> None:
+def test_a_footprint_correction_multiplies_the_work_correction_by_the_footprint_beyond_its_knee(plain) -> None:
     shards = kernels(1, 7)[0]
     base, rate, size = plain.kernel_ms(shards, BATCH), lookups(shards) / plain.kernel_ms(shards, BATCH), footprint(shards, BATCH)
-    both = corrected(plain, 0.1, rate / 2, "work+footprint", footprint_slope=0.3, footprint_reference=size / 4)
-    assert both.kernel_ms(shards, BATCH) == pytest.approx(base * 2**0.1 * 4**0.3, rel=1e-5)
+    beyond = corrected(plain, 0.1, rate / 2, "work+footprint", footprint_slope=0.3, footprint_reference=size / 4)
+    assert beyond.kernel_ms(shards, BATCH) == pytest.approx(base * 2**0.1 * 4**0.3, rel=1e-5)
+    below = corrected(plain, 0.1, rate / 2, "work+footprint", footprint_slope=0.3, footprint_reference=size * 4)
+    assert below.kernel_ms(shards, BATCH) == pytest.approx(base * 2**0.1, rel=1e-5)  # a kernel below the knee: the work correction alone
     assert corrected(plain, 0.1, rate / 2, "work").kernel_ms(shards, BATCH) == pytest.approx(base * 2**0.1, rel=1e-5)
     with pytest.raises(ValueError, match="only the form 'work\\+footprint' reads the footprint"):
         KernelCorrection("work", 0.1, 1.0, footprint_slope=0.2)
@@ -110,7 +113,7 @@ def test_the_search_prices_each_device_of_a_plan_as_a_kernel_of_its_shards_with_
     """Devices' embeddings are summed before the head (the search's pooled rows): the
     correction's lookup and footprint columns sum with them, so a device is priced as its kernel."""
     task = generate_task(synthetic_pool(), 40, 4, WorkloadScale(), seed=3)
-    extra = {"footprint_slope": 0.2, "footprint_reference": 3e7} if form == "work+footprint" else {}
+    extra = {"footprint_slope": 0.2, "footprint_reference": 1e7} if form == "work+footprint" else {}  # two devices below the knee, two beyond
     model = corrected(plain, 0.25, reference, form, **extra).with_batch_size(task.batch_size)
     plan = baseline_plan("size", task)
     _, devices = predicted_breakdown(model, task, plan)
@@ -118,14 +121,19 @@ def test_the_search_prices_each_device_of_a_plan_as_a_kernel_of_its_shards_with_
     for d, shards in enumerate(plan.device_shards(task.tables)):
         assert devices[d].compute == pytest.approx(model.kernel_ms(shards, task.batch_size), rel=1e-4)
         x = mean_width(shards) if form == "width" else lookups(shards) / before[d].compute
-        by_footprint = (footprint(shards, task.batch_size) / 3e7) ** 0.2 if extra else 1.0
+        by_footprint = (max(footprint(shards, task.batch_size), 1e7) / 1e7) ** 0.2 if extra else 1.0
         assert devices[d].compute / before[d].compute == pytest.approx((x / reference) ** 0.25 * by_footprint, rel=1e-4)
+
+
+def knee(seed: int) -> float:
+    return sorted(footprint(shards, BATCH) for shards in kernels(24, seed))[8]
 
 
 def pair_rows(form: str, seed: int, slope: float = 0.2) -> list[dict]:
     """12 pairs of kernels timed at the nets' price x (x / 32) ** ``slope`` (x: ``form``'s
-    quantity; "work+footprint": times (footprint / 3e7) ** -0.1) x a level that drifts from
-    pair to pair, as device-pair rows."""
+    quantity; "work+footprint": times (max(footprint, knee) / knee) ** 0.15, the knee the
+    9th smallest of the kernels' footprints, ``knee``) x a level that drifts from pair to
+    pair, as device-pair rows."""
     rng, reference = np.random.default_rng(seed), {"width": 32.0, "work": 300.0, "work+footprint": 300.0}[form]
     rows = []
     for pair, members in enumerate(zip(*[iter(kernels(24, seed))] * 2)):
@@ -133,7 +141,7 @@ def pair_rows(form: str, seed: int, slope: float = 0.2) -> list[dict]:
         for member, shards in enumerate(members):
             price = plain_model().kernel_ms(shards, BATCH)
             ms = price * (correction_input(plain_model(), form, shards, BATCH, price) / reference) ** slope * drift
-            ms *= (footprint(shards, BATCH) / 3e7) ** -0.1 if form == "work+footprint" else 1.0
+            ms *= (max(footprint(shards, BATCH), knee(seed)) / knee(seed)) ** 0.15 if form == "work+footprint" else 1.0
             rows.append({"group": DEVICE_GROUP_OFFSET + pair, "pair": pair, "pair_member": member, "batch_size": BATCH, "shards": [shard_record(s) for s in shards], "fwd_ms": ms / 3, "bwd_ms": 2 * ms / 3})
     return rows
 
@@ -143,7 +151,8 @@ def test_the_fit_recovers_the_law_under_a_drift_that_each_pair_shares(plain, for
     """The fit reads the slopes within pairs, and the model file keeps the correction."""
     model, record = fit(corrected(plain, -1.0, 10.0, form), pair_rows(form, 1), form)  # a correction already there is refitted, not compounded
     assert record["form"] == form and record["slope"] == pytest.approx(0.2, abs=1e-3) and record["pairs"] == 12
-    assert record.get("footprint_slope", 0.0) == pytest.approx(-0.1 if form == "work+footprint" else 0.0, abs=1e-3)
+    if form == "work+footprint":
+        assert record["footprint_slope"] == pytest.approx(0.15, abs=1e-3) and record["footprint_reference"] == pytest.approx(knee(1), rel=1e-3)  # the rows round the pooling factors
     assert record["pair_error_sd"]["after"] < 1e-3 < record["pair_error_sd"]["before"]
     model.save(tmp_path / "corrected.pt")
     loaded = NeuralCostModel.load(tmp_path / "corrected.pt")

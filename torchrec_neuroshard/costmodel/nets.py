@@ -151,10 +151,11 @@ class KernelCorrection:
     - "work": lookups per ms as the nets price it, sum(pooling factor x width) / price (at
       the net's own batch): a slope of 1 prices kernels by their lookups alone, 0 by the
       net alone, and between them a geometric blend of the two;
-    - "work+footprint": as "work", times (footprint / ``footprint_reference``) **
-      ``footprint_slope``, footprint the bytes of rows a batch reads in the kernel
-      (``shard_footprint`` summed): a kernel whose rows outgrow the caches reads them slower,
-      which the net, trained on kernels of 1-15 tables, does not see."""
+    - "work+footprint": as "work", times (max(footprint, ``footprint_reference``) /
+      ``footprint_reference``) ** ``footprint_slope``, footprint the bytes of rows a batch
+      reads in the kernel (``shard_footprint`` summed): a kernel whose rows outgrow the
+      caches reads them slower, which the net, trained on kernels of 1-15 tables, does not
+      see; below the reference (the knee) a kernel keeps the price the net gives it."""
 
     form: str
     slope: float
@@ -197,7 +198,7 @@ class KernelCorrection:
         x = np.where(denominator > 0, lookups / np.maximum(denominator, 1e-30), self.reference)
         out = (np.maximum(x, 1e-30) / self.reference) ** self.slope
         if self.reads_footprint:
-            out = out * (np.maximum(footprint, 1e-30) / self.footprint_reference) ** self.footprint_slope
+            out = out * (np.maximum(footprint, self.footprint_reference) / self.footprint_reference) ** self.footprint_slope
         return out
 
 

@@ -12,8 +12,9 @@ their lookups per ms of its price (``--form work``), and with that and the bytes
 batch reads in them (``--form work+footprint``). Within a pair (two kernels timed in turn)
 the machine's drift cancels: each pair's difference of log(measured / the nets' price) is
 regressed, through 0, on its difference of log x (the form's quantities,
-``KernelCorrection``). The slopes are the correction's; each reference is the geometric mean
-of its x over the pairs' kernels, so a kernel there keeps its price.
+``KernelCorrection``). The slopes are the correction's; the reference of the width or the
+work is the geometric mean of its x over the pairs' kernels, so a kernel there keeps its
+price; the footprint's is a knee below which a kernel keeps its price (``knee_terms``).
 """
 
 from __future__ import annotations
@@ -99,19 +100,36 @@ def pair_terms(model: NeuralCostModel, form: str, rows: Sequence[dict]) -> tuple
     return np.array(errors), np.array(terms), np.array(every)
 
 
+def knee_terms(errors: np.ndarray, terms: np.ndarray, every: np.ndarray) -> tuple[np.ndarray, float]:
+    """"work+footprint": the pairs' terms [P, 2] with the footprint's column read above a
+    knee, log(max(footprint, knee)), and that knee: of the pairs' footprints from the
+    smallest to the median, the one whose fit leaves the least error (the caches' size
+    shows as the footprint where kernels begin to slow)."""
+    first, second = every[0::2, 1], every[1::2, 1]  # [P] each: the members' footprints
+    best = None
+    candidates = np.unique(every[:, 1])  # sorted
+    for knee in candidates[candidates <= np.median(candidates)]:
+        hinged = np.c_[terms[:, 0], np.log(np.maximum(first, knee)) - np.log(np.maximum(second, knee))]  # [P, 2]
+        left = float((errors - hinged @ np.linalg.lstsq(hinged, errors, rcond=None)[0]).std())
+        if best is None or left < best[0] - 1e-12:
+            best = (left, hinged, float(knee))
+    return best[1], best[2]
+
+
 def fit(model: NeuralCostModel, rows: Sequence[dict], form: str = "width") -> tuple[NeuralCostModel, dict]:
     """``model`` with a correction of ``form`` fitted on the device pairs of ``rows`` (its own
-    dropped first), and the record kept in its meta: form, slopes, references, pairs, and the
-    pairs' error sd before and after."""
+    dropped first), and the record kept in its meta: form, slopes, references (the
+    footprint's: its knee, ``knee_terms``), pairs, and the pairs' error sd before and after."""
     if form not in CORRECTION_FORMS:
         raise ValueError(f"form={form!r}: give one of {CORRECTION_FORMS}")
     plain = without_correction(model)
     errors, terms, every = pair_terms(plain, form, rows)  # [P], [P, k], [2P, k]
-    slopes = np.linalg.lstsq(terms, errors, rcond=None)[0]  # [k]
-    references = np.exp(np.log(every).mean(0))  # [k]
-    record = {"form": form, "slope": float(slopes[0]), "reference": float(references[0])}
     if form == "work+footprint":
-        record |= {"footprint_slope": float(slopes[1]), "footprint_reference": float(references[1])}
+        terms, knee = knee_terms(errors, terms, every)
+    slopes = np.linalg.lstsq(terms, errors, rcond=None)[0]  # [k]
+    record = {"form": form, "slope": float(slopes[0]), "reference": float(np.exp(np.log(every[:, 0]).mean()))}
+    if form == "work+footprint":
+        record |= {"footprint_slope": float(slopes[1]), "footprint_reference": knee}
     KernelCorrection.from_meta({"kernel_correction": record})  # validates
     record |= {"pairs": len(errors), "pair_error_sd": {"before": float(errors.std()), "after": float((errors - terms @ slopes).std())}}
     return plain.with_meta({**plain.meta, "kernel_correction": record}), record
@@ -132,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     model, record = fit(model_named(args.model), read_pairs(args.pairs), args.form)
     model.save(args.out)
     sd = record["pair_error_sd"]
-    footprint_part = f", footprint slope {record['footprint_slope']:.4f}, reference {record['footprint_reference']:.4g} bytes" if "footprint_slope" in record else ""
+    footprint_part = f", footprint slope {record['footprint_slope']:.4f} beyond a knee of {record['footprint_reference']:.4g} bytes" if "footprint_slope" in record else ""
     print(
         f"{args.form} correction: slope {record['slope']:.4f}, reference {record['reference']:.4g}{footprint_part}, from {record['pairs']} pairs; "
         f"the pairs' log-error sd {sd['before']:.3f} -> {sd['after']:.3f} (in sample); saved {args.out}"
