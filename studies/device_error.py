@@ -9,8 +9,9 @@ none (its measured time is then its fused kernel alone). A device's error is log
 the model's price), less its plan's mean (the machine's level and drift cancel): its
 spread, and its correlation with what the device holds: the lookup-weighted mean width of
 its shards (sum of pooling factor x width / sum of pooling factors), how many shards, the
-heaviest shard's share of its lookups, and its lookups per ms of the model's price (each as
-a log, less its plan's mean).
+heaviest shard's share of its lookups, its lookups per ms of the model's price, and the
+bytes of rows a batch reads in it (``kernel_correction.footprint``) (each as a log, less its
+plan's mean).
 Training side: the device pairs of ``lab/data/cpu_compute_devices_seed1.jsonl.gz`` (pool
 seeds 10 on, 16-128 tables a kernel, timed back to back): each pair's difference of the
 same error against the difference of the same holdings.

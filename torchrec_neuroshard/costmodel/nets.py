@@ -307,16 +307,16 @@ class KernelNet:
 
     @torch.no_grad()
     def embed(self, shards: Sequence[Shard], batch_size: int) -> np.ndarray:
-        """Shard rows at ``batch_size``, float32 [S, hidden + 3 (+ 3)] = [the head's first layer (no bias) applied
-        to the net's embedding of the shard as ``priced``, moved by the batch shift where there is
-        one | the (forward, backward) ms its
-        copies beyond the first add, each priced as that shard alone in a kernel, 0 inside
-        the trained range | with a correction, its pooling factor x width, its
-        pooling factor and its footprint (``shard_footprint``; 0 unless the correction reads it) | 1]. The head pools the embeddings by summing and its first
-        layer is linear, so that layer commutes with the pooling: it is applied once per
-        shard here, and a device's cost is the rest of the head (``cost``). Pooled over a
-        device, the middle columns sum the devices' extra ms (and lookups) and the last
-        counts its shards in this kernel."""
+        """Shard rows at ``batch_size``, float32 [S, hidden + 3 (+ 3)] = [the head's first
+        layer (no bias) applied to the net's embedding of the shard as ``priced``, moved by
+        the batch shift where there is one | the (forward, backward) ms its copies beyond the
+        first add, each priced as that shard alone in a kernel, 0 inside the trained range |
+        with a correction, its pooling factor x width, its pooling factor and its footprint
+        (``shard_footprint``; 0 unless the correction reads it) | 1]. The head pools the
+        embeddings by summing and its first layer is linear, so that layer commutes with the
+        pooling: it is applied once per shard here, and a device's cost is the rest of the
+        head (``cost``). Pooled over a device, the middle columns sum the devices' extra ms
+        (and lookups, footprints) and the last counts its shards in this kernel."""
         features, copies = self.priced(shards, batch_size)
         emb = self.net.table(self.norm(features))  # [S, embed]
         if self.batch_shift is not None and batch_size != self.batch_shift.reference_batch:
