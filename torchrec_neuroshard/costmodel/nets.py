@@ -123,7 +123,9 @@ def numpy_mlp(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.
     return x
 
 
-CORRECTION_FORMS = ("width", "work", "work+footprint")
+FOOTPRINT_FORM = "work+footprint"
+"""The correction form that reads a kernel's footprint as well as its work (``KernelCorrection``)."""
+CORRECTION_FORMS = ("width", "work", FOOTPRINT_FORM)
 
 
 ACCESS_BIN_READS = np.array([1.0] + [1.5 * 2 ** (i - 1) for i in range(1, NUM_ACCESS_BINS)])
@@ -171,12 +173,12 @@ class KernelCorrection:
                 f"KernelCorrection(slope={self.slope}, reference={self.reference}, footprint_slope={self.footprint_slope}, "
                 f"footprint_reference={self.footprint_reference}): give finite slopes and positive references"
             )
-        if self.footprint_slope and self.form != "work+footprint":
-            raise ValueError(f"KernelCorrection(form={self.form!r}, footprint_slope={self.footprint_slope}): only the form 'work+footprint' reads the footprint")
+        if self.footprint_slope and not self.reads_footprint:
+            raise ValueError(f"KernelCorrection(form={self.form!r}, footprint_slope={self.footprint_slope}): only the form {FOOTPRINT_FORM!r} reads the footprint")
 
     @property
     def reads_footprint(self) -> bool:
-        return self.form == "work+footprint"
+        return self.form == FOOTPRINT_FORM
 
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> "KernelCorrection | None":
@@ -190,7 +192,7 @@ class KernelCorrection:
         footprint = {k: float(stored[k]) for k in ("footprint_slope", "footprint_reference") if k in stored}
         return KernelCorrection(str(stored["form"]), float(stored["slope"]), float(stored["reference"]), **footprint)
 
-    def factor(self, lookups: np.ndarray, pooling: np.ndarray, price: np.ndarray, footprint: np.ndarray | None = None) -> np.ndarray:
+    def factor(self, lookups: np.ndarray, pooling: np.ndarray, price: np.ndarray, footprint: np.ndarray) -> np.ndarray:
         """[N, 1] each kernel's multiplier from its summed pooling factor x width, pooling
         factors and footprint (bytes; read by "work+footprint" alone) and its total ms as
         the nets price it [N, 1] each (1 where it has no lookups)."""

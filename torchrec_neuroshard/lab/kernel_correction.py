@@ -25,7 +25,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from torchrec_neuroshard.costmodel import NeuralCostModel, model_named
-from torchrec_neuroshard.costmodel.nets import CORRECTION_FORMS, KernelCorrection, shard_footprint
+from torchrec_neuroshard.costmodel.nets import CORRECTION_FORMS, FOOTPRINT_FORM, KernelCorrection, shard_footprint
 from torchrec_neuroshard.lab.collect import read_rows, shard_from_record
 from torchrec_neuroshard.lab.collect_devices import pairs_apart, whole_pairs
 from torchrec_neuroshard.types import Shard, ShardingError
@@ -89,7 +89,7 @@ def pair_terms(model: NeuralCostModel, form: str, rows: Sequence[dict]) -> tuple
     errors, terms, every = [], [], []
     for pair in priced_pairs(model, rows):
         x = [
-            [correction_input(model, form, *member)] + ([footprint(member[0], member[1])] if form == "work+footprint" else [])
+            [correction_input(model, form, *member)] + ([footprint(member[0], member[1])] if form == FOOTPRINT_FORM else [])
             for member in zip(pair.shards, pair.batches, pair.prices)
         ]  # [2, k]
         errors.append(pair.errors[0] - pair.errors[1])
@@ -124,11 +124,11 @@ def fit(model: NeuralCostModel, rows: Sequence[dict], form: str = "width") -> tu
         raise ValueError(f"form={form!r}: give one of {CORRECTION_FORMS}")
     plain = without_correction(model)
     errors, terms, every = pair_terms(plain, form, rows)  # [P], [P, k], [2P, k]
-    if form == "work+footprint":
+    if form == FOOTPRINT_FORM:
         terms, knee = knee_terms(errors, terms, every)
     slopes = np.linalg.lstsq(terms, errors, rcond=None)[0]  # [k]
     record = {"form": form, "slope": float(slopes[0]), "reference": float(np.exp(np.log(every[:, 0]).mean()))}
-    if form == "work+footprint":
+    if form == FOOTPRINT_FORM:
         record |= {"footprint_slope": float(slopes[1]), "footprint_reference": knee}
     KernelCorrection.from_meta({"kernel_correction": record})  # validates
     record |= {"pairs": len(errors), "pair_error_sd": {"before": float(errors.std()), "after": float((errors - terms @ slopes).std())}}
