@@ -92,6 +92,9 @@ def test_save_load_round_trip_and_bad_files(model, tmp_path) -> None:
     s = shards(3)
     assert again.compute_cost([s]) == model.compute_cost([s])
     assert again.meta == model.meta
+    elsewhere = tmp_path / "another_name.pt"
+    model.save(elsewhere)
+    assert elsewhere.read_bytes() == path.read_bytes()  # a file's digest is its content's (benchmarks record it)
 
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(path.read_bytes()[:1000])

@@ -8,6 +8,7 @@ without a valid record is corrupt), the batch size and the training record.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -76,7 +77,9 @@ class ModelFile:
             if part is not None:
                 blob[f"{key}_state"] = part[0].state_dict()
                 blob[f"{key}_norm"] = part[1].state()
-        torch.save(blob, Path(path))
+        buffer = io.BytesIO()  # torch.save names a file's archive after the file: saved to a buffer, its bytes are its content's alone
+        torch.save(blob, buffer)
+        Path(path).write_bytes(buffer.getvalue())
 
     @staticmethod
     def read(path: str | Path) -> "ModelFile":
