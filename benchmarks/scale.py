@@ -54,7 +54,7 @@ from benchmarks.search_speed_full import commit
 from benchmarks.scale_report import MEASURED, PLANNED, file_sha256, last_judged, latest_plans, ok_rows, plans_digest, write_report
 from torchrec_neuroshard.costmodel import cost_model_for, model_file
 from torchrec_neuroshard.costmodel.shipped import priced_by_links
-from torchrec_neuroshard.hardware import local_hardware
+from torchrec_neuroshard.hardware import local_hardware, vector_isa
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
 from torchrec_neuroshard.lab.evaluate import task_lookups
 from torchrec_neuroshard.lab.final_round import contenders, free_memory_bytes, time_final
@@ -197,9 +197,9 @@ def plans_sha(plans: dict[str, Plan]) -> str:
 
 def judged_on() -> str:
     """The CPU a judge's and a plan's rows name: this machine and the vector instructions
-    torch's CPU kernels use on it (two AMD EPYCs, one with AVX-512, timed kernels 2x apart on
-    2026-12-07 under one name, and made two near-tie plans otherwise)."""
-    return f"{local_hardware('cpu').describe()}, {torch.backends.cpu.get_cpu_capability()}"
+    torch's CPU kernels use on it (``hardware.vector_isa``; two such EPYCs also made two
+    near-tie plans)."""
+    return f"{local_hardware('cpu').describe()}, {vector_isa()}"
 
 
 def judge_task(num_devices: int, pool_seed: int, plans: dict[str, Plan], config: JudgeConfig, draws: list, out: Path) -> None:

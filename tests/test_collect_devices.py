@@ -32,6 +32,7 @@ def test_pairs_of_device_sized_kernels_come_from_many_pools_and_resume_by_whole_
     assert all(DEVICE_TABLES[0] <= len(r["shards"]) <= DEVICE_TABLES[1] and r["fwd_ms"] > 0 and r["bwd_ms"] > 0 for r in rows)
     assert rows[0]["batch_size"] == rows[1]["batch_size"] and rows[0]["group"] == rows[1]["group"] == DEVICE_GROUP_OFFSET
     assert len(load_compute_data(rows)) == 4  # the rows are compute rows a model trains on
+    assert rows[0]["hardware"]["vector_isa"] == torch.backends.cpu.get_cpu_capability()  # two EPYCs of one name time 2x apart
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:3]))  # a pair cut in half is dropped and measured again
     assert collect_device_pairs(out, 2, torch.device("cpu"), pool_seeds=(10, 11), **kwargs) == 2

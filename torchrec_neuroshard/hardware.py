@@ -84,6 +84,15 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def vector_isa() -> str:
+    """The vector instructions torch's CPU kernels use here ("AVX512", "AVX2", ...): two AMD
+    EPYCs of one name, one with AVX-512, timed the same kernels 2x apart (2026-12-07), so
+    measurements record it beside the CPU's name."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def local_hardware(device: str) -> Hardware | None:
     """This machine's hardware of kind ``device``; None for "cuda" when no GPU is visible."""
     if device == "cpu":

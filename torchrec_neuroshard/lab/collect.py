@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from torchrec_neuroshard.hardware import cpu_cores, cpu_name
+from torchrec_neuroshard.hardware import cpu_cores, cpu_name, vector_isa
 from torchrec_neuroshard.lab.measure_comm import measure_comm
 from torchrec_neuroshard.lab.measure_compute import Lookups, measure_compute
 from torchrec_neuroshard.types import Shard, ShardingError, TableSpec
@@ -31,7 +31,8 @@ COMPUTE_MEMORY_CAP_BYTES = 512 * 2**20
 
 
 def hardware(device: torch.device, num_threads: int | None) -> dict:
-    """What the measurements were taken on: device, its name, cores (CPU), versions, threads."""
+    """What the measurements were taken on: device, its name, cores and vector instructions
+    (CPU; rows before 2026-12-08 lack them), versions, threads."""
     import fbgemm_gpu
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
@@ -42,6 +43,7 @@ def hardware(device: torch.device, num_threads: int | None) -> dict:
         "torch": torch.__version__,
         "fbgemm_gpu": getattr(fbgemm_gpu, "__version__", "unknown"),
         "threads": num_threads if device.type == "cpu" else None,
+        **({"vector_isa": vector_isa()} if device.type == "cpu" else {}),
     }
 
 
