@@ -34,8 +34,8 @@ from benchmarks.scale import judged_on, scale_task, stored_plans, task_draws
 from benchmarks.scale_report import PLANNED, latest_plans
 from torchrec_neuroshard.costmodel.nets import shard_footprint
 from torchrec_neuroshard.lab.collect import append_rows, read_rows
-from torchrec_neuroshard.lab.judge import CPU, DeviceWork
 from torchrec_neuroshard.heuristics import BASELINES
+from torchrec_neuroshard.lab.judge import CPU, DeviceWork, JudgeConfig, time_steps
 from torchrec_neuroshard.lab.judgement import rank_correlation
 from torchrec_neuroshard.lab.measure_compute import Step, time_forward_backward
 
@@ -46,11 +46,6 @@ FIRST_DRAW = 40
 """Draws 40-44: the judge's runs timed draws 0-33."""
 FRESH = 3
 ROUNDS = 2
-
-
-def repeat_ms(steps: list[Step]) -> float:
-    """The judge's time of a device's steps: each one untimed, then the median of 3, summed."""
-    return sum(time_forward_backward(*s, CPU, 1, 3).total_ms for s in steps)
 
 
 def fresh_ms(by_draw: list[list[Step]]) -> float:
@@ -72,7 +67,7 @@ def time_device(task, plans: dict, device: int, draws: list) -> list[dict]:
     for r in range(ROUNDS):
         for n in [list(plans)[i] for i in rng.permutation(len(plans))]:
             for way in ("repeat", "fresh") if r % 2 == 0 else ("fresh", "repeat"):
-                times[n][way].append(round(repeat_ms(steps[n][0]) if way == "repeat" else fresh_ms(steps[n][1:]), 4))
+                times[n][way].append(round(time_steps(steps[n][0], JudgeConfig().repeats, CPU) if way == "repeat" else fresh_ms(steps[n][1:]), 4))
     rows = []
     for n, plan in plans.items():
         shards = plan.device_shards(task.tables)[device]

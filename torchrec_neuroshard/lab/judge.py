@@ -144,7 +144,7 @@ class DeviceWork:
         return fused, [replicated_step(self.dense, self.replicas, local, self.on)]
 
 
-def _time(steps: Sequence[Step], repeats: int, on: torch.device) -> float:
+def time_steps(steps: Sequence[Step], repeats: int, on: torch.device) -> float:
     """ms of one round of ``steps``: each one untimed, then the median of ``repeats``, summed."""
     return sum(time_forward_backward(*s, on, 1, repeats).total_ms for s in steps)
 
@@ -234,8 +234,8 @@ def time_works(
         replicas: dict[str, list[float]] = {n: [] for n in names}
         for in_order in round_orders(names, rotation, draw, config.rounds, config.order):
             for name in in_order:
-                fused[name].append(round(_time(steps[name][0], config.repeats, on), 4))
-                replicas[name].append(round(_time(steps[name][1], config.repeats, on), 4))
+                fused[name].append(round(time_steps(steps[name][0], config.repeats, on), 4))
+                replicas[name].append(round(time_steps(steps[name][1], config.repeats, on), 4))
         rows += [{"device": device, "draw": draw, "planner": n, "fused_ms": fused[n], "replicas_ms": replicas[n], "set": set_id} for n in names]
     return rows
 
